@@ -1,0 +1,1 @@
+"""In-pod collector (standard library + torch only). See collector/README in the docs."""

@@ -1,0 +1,92 @@
+"""fragmentation: enough memory was cached, but in pieces too small for the request.
+
+Allocator behaviour relied on: the caching allocator keeps freed blocks reserved and serves new
+requests from the best-fitting cached block of the *same stream and pool* (≤ 1 MiB requests from the
+small pool, larger ones from the large pool). Blocks are split and merged only inside one segment.
+When no cached block is large enough it asks the device for a new segment; if the device refuses, it
+releases cached segments that are entirely free and retries. Free pieces inside segments that still
+hold live blocks cannot be released: when the request is larger than the largest such piece but
+smaller than their sum (plus what the device still has free), the memory exists and the OOM is
+fragmentation — typical of variable sequence lengths and interleaved long-lived/short-lived tensors.
+
+The torch hint ("try expandable_segments") is printed whatever the settings; when
+``expandable_segments`` is already on, that advice is wrong and we say so. Fragmentation needs the
+block layout (a snapshot) to be proved; from the message alone (reserved-but-unallocated above the
+request) it is only a candidate.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rules.base import CANDIDATE, LIKELY, POSSIBLE, STRONG, Finding
+from triage.units import human
+
+if TYPE_CHECKING:
+    from triage.evidence import Evidence
+
+ID = "fragmentation"
+VERDICT = "fragmentation"
+OWNER = "algorithm"
+
+MIN_WASTE_FRACTION = 0.05  # reserved-but-unallocated must be at least this share of what the job may hold
+
+
+def evaluate(ev: Evidence) -> Finding | None:
+    if not ev.is_cuda_oom:
+        return None
+    req = ev.request_bytes
+    ru = ev.reserved_unallocated_bytes
+    if req is None or ru is None:
+        return None
+    free = ev.device_free_bytes or 0
+    limit = ev.limit_bytes or (ev.reserved_bytes or 0) + free
+    if ru < req or (limit and ru < MIN_WASTE_FRACTION * limit):
+        return None  # not enough cached memory to have served the request: not fragmentation
+    f = Finding(rule=ID, verdict=VERDICT, score=CANDIDATE)
+    f.values.update({"request_bytes": req, "free_in_reserved_bytes": ru, "device_free_bytes": free})
+    largest = ev.largest_free_block_bytes if ev.has_snapshot else None
+    if largest is not None:
+        f.values["largest_free_block_bytes"] = largest
+        pool = f" in the {ev.request_pool} pool" if ev.request_pool else ""
+        if largest >= req:
+            # a block that could have served the request existed: something else stopped it
+            f.facts.append(
+                f"A free block of {human(largest)}{pool} could have served the {human(req)} request, "
+                "so the layout did not cause this OOM."
+            )
+            return None
+        f.facts.append(
+            f"{human(ru)} was reserved but free, yet the largest free block{pool} was {human(largest)}, "
+            f"smaller than the {human(req)} requested; the device had {human(free)} free."
+        )
+        f.score = STRONG
+    else:
+        f.facts.append(
+            f"{human(ru)} was reserved by PyTorch but unallocated, more than the {human(req)} requested: "
+            "cached memory in pieces too small to use."
+        )
+        f.missing.append("a snapshot (the largest free block decides whether the cached memory was usable)")
+        f.score = POSSIBLE - 0.05
+    if ev.other_process_bytes and ev.other_process_bytes > ru:
+        f.score -= 0.15
+    if ev.expandable_segments:
+        f.facts.append(
+            "expandable_segments is already on, so torch's hint to enable it does not apply; "
+            "what remains are holes between live tensors inside the mapped segments."
+        )
+        f.score = min(f.score, LIKELY - 0.05)
+        f.actions.append(
+            "Reduce the variety of tensor sizes (pad or bucket sequence lengths to a few fixed sizes) and "
+            "free long-lived tensors allocated in the middle of the step."
+        )
+    else:
+        f.actions.append(
+            "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: segments grow in place instead of leaving holes."
+        )
+        f.actions.append(
+            "Pad or bucket variable sequence lengths so tensor sizes repeat; allocate long-lived buffers before the loop."
+        )
+    if ev.alloc_conf:
+        f.values["PYTORCH_CUDA_ALLOC_CONF"] = ev.alloc_conf
+    return f

@@ -1,0 +1,95 @@
+"""gpu_quota: the job hit a limit the platform set below the GPU it was promised.
+
+Allocator behaviour relied on: three platform limits look like an ordinary OOM to PyTorch.
+- A per-process memory fraction (``torch.cuda.set_per_process_memory_fraction``, often set by a
+  platform wrapper): the allocator rejects a new segment when reserved + segment > cap *without asking
+  the device*, so the device still has free memory; the message says "{cap} allowed" or "Allocation
+  was preemptively rejected because it would exceed per_process_memory_fraction limit".
+- A MIG slice: the device total is the slice's memory (e.g. 1g.10gb of an 80 GB A100), the device name
+  carries "MIG", and some drivers surface the OOM as an NVML INTERNAL ASSERT in CUDACachingAllocator.
+- A virtual-GPU layer (HAMi-core and the like) or a node whose GPU is smaller than the one the job was
+  declared for: the limit the job runs into is below the memory it was promised.
+The verdict needs the job's demand to fit what it was promised (the device total, the declared size):
+a job that would not fit the full GPU either is too large, not limited.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rules.base import CANDIDATE, LIKELY, POSSIBLE, STRONG, Finding
+from triage.units import human
+
+if TYPE_CHECKING:
+    from triage.evidence import Evidence
+
+ID = "gpu_quota"
+VERDICT = "gpu_quota"
+OWNER = "platform"
+
+
+def evaluate(ev: Evidence) -> Finding | None:
+    if not ev.is_cuda_oom:
+        return None
+    f = Finding(rule=ID, verdict=VERDICT, score=0.0)
+    needed = ev.needed_bytes
+    req = ev.request_bytes or 0
+    total = ev.total_bytes
+    cap = ev.fraction_cap_bytes
+    if ev.fraction_rejected or (cap and total and cap < total * 0.98):
+        what = f"{human(cap)} of {human(total)}" if cap and total else "a fraction of the GPU"
+        f.facts.append(
+            f"A per-process memory cap limits this process to {what} (set_per_process_memory_fraction)."
+        )
+        f.values["fraction_cap_bytes"] = cap
+        free = ev.device_free_bytes
+        if ev.fraction_rejected:
+            f.facts.append(
+                "The allocator rejected the request pre-emptively because of the cap, not for lack of device memory."
+            )
+            f.score = STRONG
+        elif free is not None and free >= req:
+            f.facts.append(f"The device still had {human(free)} free, enough for the {human(req)} request.")
+            f.score = STRONG
+        else:
+            f.score = POSSIBLE
+        if needed is not None and total and needed > total:
+            f.score = CANDIDATE
+        f.actions.append(
+            "Raise or remove the memory fraction cap for this job (the platform wrapper or "
+            "torch.cuda.set_per_process_memory_fraction), or request a whole GPU."
+        )
+    if ev.mig_profile:
+        f.facts.append(
+            f"The job runs on a MIG slice ({ev.mig_profile}) with {human(total or 0)} of GPU memory, not a whole GPU."
+        )
+        f.values["mig_profile"] = ev.mig_profile
+        s = LIKELY if needed is None or total is None or needed >= total * 0.9 else POSSIBLE
+        if ev.declared_total_bytes and total and ev.declared_total_bytes > total * 1.05:
+            s = STRONG
+        f.score = max(f.score, s)
+        f.actions.append(
+            f"Request a larger MIG profile than {ev.mig_profile} (or a full GPU) in the pod's resources, "
+            "or shrink the job to fit the slice."
+        )
+    if ev.declared_total_bytes and total and ev.declared_total_bytes > total * 1.05 and not ev.mig_profile:
+        f.facts.append(
+            f"The job was declared for a GPU with {human(ev.declared_total_bytes)} but runs on one with {human(total)}."
+        )
+        f.values["declared_total_bytes"] = ev.declared_total_bytes
+        fits = needed is None or needed <= ev.declared_total_bytes
+        f.score = max(f.score, STRONG if fits else POSSIBLE)
+        f.actions.append(
+            "Fix the scheduling: the node selector / GPU product label must match the GPU the job was sized for."
+        )
+    if ev.vgpu_limit_bytes and (total is None or ev.vgpu_limit_bytes < total):
+        f.facts.append(
+            f"A virtual-GPU layer limits the job to {human(ev.vgpu_limit_bytes)}"
+            + (f" of the device's {human(total)}." if total else ".")
+        )
+        f.values["vgpu_limit_bytes"] = ev.vgpu_limit_bytes
+        f.score = max(f.score, LIKELY + 0.05)
+        f.actions.append("Raise the job's vGPU memory quota (e.g. nvidia.com/gpumem) or give it a whole GPU.")
+    if f.score <= 0:
+        return None
+    return f

@@ -1,0 +1,65 @@
+"""host_memory_limit: the kernel's OOM killer ended the process at the pod's memory limit.
+
+Behaviour relied on: host RAM is limited by the container's cgroup (``memory.max`` in cgroup v2,
+``memory.limit_in_bytes`` in v1). When usage reaches it the kernel kills a process with SIGKILL: no
+Python hook runs, the log ends with "Killed", the exit code is 137 (128 + 9) and Kubernetes reports
+the container as ``OOMKilled``; the cgroup's ``oom_kill`` counter goes up. Typical causes are
+DataLoader workers each holding a copy of the dataset, pinned-memory buffers and CPU offload. GPU
+memory has nothing to do with it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rules.base import LIKELY, STRONG, Finding
+from triage.units import human
+
+if TYPE_CHECKING:
+    from triage.evidence import Evidence
+
+ID = "host_memory_limit"
+VERDICT = "host_memory_limit"
+OWNER = "platform"
+
+
+def evaluate(ev: Evidence) -> Finding | None:
+    host_msgs = [m for m in ev.messages if m.kind == "host_oom"]
+    f = Finding(rule=ID, verdict=VERDICT, score=0.0)
+    if ev.kind == "host_oom":
+        f.score = STRONG
+    elif host_msgs:
+        f.score = LIKELY + 0.05
+    elif ev.exit_code == 137:
+        f.score = LIKELY
+    elif ev.oom_kill_count:
+        f.score = LIKELY - 0.1
+    else:
+        return None
+    if host_msgs:
+        f.facts.append(f"The log ends with the kernel's kill: {host_msgs[-1].text.strip()[:160]}")
+    if ev.exit_code == 137:
+        f.facts.append("Exit code 137: the process was killed with SIGKILL.")
+    if ev.cgroup_limit_bytes:
+        use = ev.cgroup_usage_bytes
+        share = f" ({use / ev.cgroup_limit_bytes:.0%})" if use else ""
+        f.facts.append(
+            f"The container's memory limit is {human(ev.cgroup_limit_bytes)}; usage was {human(use or 0)}{share}."
+        )
+        f.values.update({"memory_limit_bytes": ev.cgroup_limit_bytes, "memory_usage_bytes": use})
+        if use and use >= 0.9 * ev.cgroup_limit_bytes:
+            f.score = min(1.0, f.score + 0.05)
+    if ev.oom_kill_count:
+        f.facts.append(f"The cgroup's oom_kill counter is {ev.oom_kill_count}.")
+        f.values["oom_kill_count"] = ev.oom_kill_count
+        f.score = min(1.0, f.score + 0.05)
+    for v in ev.contract_violations:
+        if getattr(v, "related_verdict", None) == VERDICT:
+            f.facts.append(str(getattr(v, "sentence", v)))
+    f.actions.append(
+        "Raise the container's memory limit (resources.limits.memory) to cover the job's host RAM peak."
+    )
+    f.actions.append(
+        "Reduce host memory: fewer DataLoader workers, a memory-mapped dataset instead of one copy per worker, smaller pinned buffers."
+    )
+    return f

@@ -1,0 +1,86 @@
+"""other_process: another process on the GPU holds the memory this job needed.
+
+Allocator behaviour relied on: the caching allocator can only reserve what the device has free; memory
+held by other processes (another job's CUDA context and tensors, a zombie from a previous run, a
+monitoring agent) is invisible to PyTorch's accounting but shows in NVML's process list and in the OOM
+message ("Process PID has X memory in use"). The job's own process appears there too — in a container
+with its own PID namespace torch cannot tell it is itself and prints ``Process PID`` instead of
+"this process" — so it is recognised by its pid (the collector records the job's pids) or, failing
+that, by its usage matching the job's reservation plus its CUDA context. The verdict needs the other
+processes' memory to be what made the difference: with it released, the request would have fitted.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rules.base import CANDIDATE, LIKELY, POSSIBLE, STRONG, Finding
+from triage.evidence import CUDA_CONTEXT_MAX
+from triage.units import GiB, MiB, human
+
+if TYPE_CHECKING:
+    from triage.evidence import Evidence
+
+ID = "other_process"
+VERDICT = "other_process"
+OWNER = "platform"
+
+MIN_OTHER_BYTES = 1 * GiB
+OWN_CONTEXT = 512 * MiB  # a typical CUDA context of the job itself
+
+
+def evaluate(ev: Evidence) -> Finding | None:
+    if not ev.is_cuda_oom:
+        return None
+    req = ev.request_bytes or 0
+    free = ev.device_free_bytes or 0
+    others = [p for p in ev.processes if not p.own]
+    other_bytes = ev.other_process_bytes
+    f = Finding(rule=ID, verdict=VERDICT, score=0.0)
+    if others and other_bytes >= MIN_OTHER_BYTES:
+        names = ", ".join(
+            f"pid {p.pid} ({human(p.used_bytes)})" for p in sorted(others, key=lambda p: -p.used_bytes)[:4]
+        )
+        f.facts.append(f"Other processes hold {human(other_bytes)} on the GPU: {names}.")
+        f.values.update({"other_process_bytes": other_bytes, "processes": [p.pid for p in others]})
+        fits_without = other_bytes + free >= req
+        if not fits_without:
+            f.facts.append("Even without them the request would not have fitted.")
+            f.score = CANDIDATE
+        elif ev.own_process_identified:
+            f.score = (
+                STRONG if any(p.source == "nvml" for p in ev.processes) and ev.own_pids else LIKELY + 0.05
+            )
+            if ev.total_bytes and other_bytes < 0.05 * ev.total_bytes:
+                f.score -= 0.2
+        else:
+            f.score = POSSIBLE
+            f.missing.append(
+                "the job's own pids (the collector records them) to tell the job from its neighbours"
+            )
+        if ev.total_bytes and ev.needed_bytes is not None and ev.needed_bytes > ev.total_bytes - OWN_CONTEXT:
+            # the job alone needs the whole device: the neighbour is not what decided it
+            f.facts.append(
+                f"The job alone needed {human(ev.needed_bytes)} of {human(ev.total_bytes)}: it would not fit even on an empty GPU."
+            )
+            f.score = min(f.score, CANDIDATE)
+    elif ev.non_pytorch_bytes is not None and ev.non_pytorch_bytes > CUDA_CONTEXT_MAX and not ev.processes:
+        f.facts.append(
+            f"{human(ev.non_pytorch_bytes)} of the GPU is in use outside this process's PyTorch allocator "
+            "(total − free − reserved): another process, or non-PyTorch allocations of this one (NCCL, cuDNN, CUDA graphs)."
+        )
+        f.values["non_pytorch_bytes"] = ev.non_pytorch_bytes
+        f.missing.append("the NVML process list with pids (the collector records it)")
+        f.score = POSSIBLE if ev.non_pytorch_bytes + free >= req else CANDIDATE
+    else:
+        return None
+    if f.score <= 0:
+        return None
+    f.actions.append(
+        "Schedule the job on a GPU of its own: request the whole device (exclusive mode) instead of a time-shared one."
+    )
+    f.actions.append(
+        "Find the process with `nvidia-smi --query-compute-apps=pid,used_memory --format=csv` on the node; "
+        "kill a zombie from an earlier run or move the neighbour."
+    )
+    return f

@@ -1,0 +1,64 @@
+"""shm_exhausted: DataLoader workers ran out of shared memory (/dev/shm), not GPU memory.
+
+Behaviour relied on: DataLoader worker processes hand batches to the main process through shared
+memory files under /dev/shm (``/torch_<pid>_<n>``). Docker and Kubernetes give a container a 64 MiB
+/dev/shm unless a Memory-backed emptyDir is mounted there; a few batches of images fill it. The
+failure shows as "unable to write to file </torch_…>", "No space left on device (28)", or a worker
+"killed by signal: Bus error" — never as a CUDA OOM. A /dev/shm at or near the 64 MiB default, or
+below the platform contract's floor, strengthens the verdict.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rules.base import LIKELY, STRONG, Finding
+from triage.units import MiB, human
+
+if TYPE_CHECKING:
+    from triage.evidence import Evidence
+
+ID = "shm_exhausted"
+VERDICT = "shm_exhausted"
+OWNER = "platform"
+
+DEFAULT_SHM = 64 * MiB
+
+
+def evaluate(ev: Evidence) -> Finding | None:
+    shm_msgs = [m for m in ev.messages if m.kind == "shm_exhausted"]
+    f = Finding(rule=ID, verdict=VERDICT, score=0.0)
+    if ev.kind == "shm_exhausted" or shm_msgs:
+        f.score = STRONG
+        if shm_msgs:
+            f.facts.append(f"The job failed with a shared-memory error: {shm_msgs[0].text.strip()[:200]}")
+    elif (
+        ev.kind in ("crash", "unknown")
+        and ev.shm_total_bytes is not None
+        and ev.shm_total_bytes <= DEFAULT_SHM
+    ):
+        f.score = LIKELY - 0.1
+    else:
+        return None
+    if ev.shm_total_bytes is not None:
+        used = f", {human(ev.shm_used_bytes)} in use" if ev.shm_used_bytes is not None else ""
+        f.facts.append(f"/dev/shm is {human(ev.shm_total_bytes)}{used}.")
+        f.values["shm_total_bytes"] = ev.shm_total_bytes
+        if ev.shm_total_bytes <= DEFAULT_SHM:
+            f.facts.append(
+                "That is the container runtime's 64 MiB default: no Memory-backed volume is mounted at /dev/shm."
+            )
+            f.score = min(1.0, f.score + 0.1)
+    for v in ev.contract_violations:
+        if getattr(v, "related_verdict", None) == VERDICT:
+            f.facts.append(str(getattr(v, "sentence", v)))
+            f.score = min(1.0, f.score + 0.05)
+    if ev.dataloader_workers:
+        f.values["dataloader_workers"] = ev.dataloader_workers
+    f.actions.append(
+        "Mount a Memory-backed emptyDir at /dev/shm in the pod (volumes: emptyDir {medium: Memory, sizeLimit: 16Gi} or more)."
+    )
+    f.actions.append(
+        "Or lower DataLoader num_workers / prefetch_factor, or set the sharing strategy to file_system."
+    )
+    return f

@@ -1,0 +1,177 @@
+"""tensor_leak: live memory that outlives the training steps that made it.
+
+Allocator behaviour relied on: in a healthy loop, everything a step allocates for its forward and
+backward pass (activations, temporaries, the loss) is freed by the time the next step reaches the
+same point; what stays is fixed (weights, gradients, optimizer state), so live memory after every step
+returns to the same floor. A reference kept across steps — a loss appended to a list without
+``.item()``, outputs collected for metrics, a cache that never evicts — keeps its blocks
+``active_allocated``; the floor rises step after step until a request no longer fits.
+
+Two independent signals, either of which can carry the verdict:
+1. The allocator trace (``device_traces``): a site whose *surviving* blocks were allocated in different
+   steps. Between two survivors, live memory fell below its level from before the first one and far
+   more was allocated and freed than was kept (a whole forward/backward came and went). Surviving
+   blocks of one forward pass (activations saved for backward, layer after layer from the same line)
+   do not pass this test, because their net growth is a large part of what was allocated. A site whose
+   allocations in the trace were mostly freed again is a bounded cache or a rolling buffer, not a leak.
+2. The per-step timeline (the collector samples live memory after every optimizer step): a floor that
+   rises in most steps and keeps rising to the end. A floor that rose and then flattened is a bounded
+   cache or warm-up; it clears the leak.
+
+The leak site is the innermost user-code frame of the surviving blocks' stacks (library and C++ frames
+skipped; see ``triage.snapshot.frames``). Without stacks the verdict can stand on the timeline, with
+``leak_site`` null. A message alone cannot tell a leak from a too-large batch: candidate only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rules.base import CANDIDATE, LIKELY, STRONG, Finding
+from triage.units import GiB, MiB, human
+
+if TYPE_CHECKING:
+    from triage.evidence import Evidence, Survivors
+
+ID = "tensor_leak"
+VERDICT = "tensor_leak"
+OWNER = "algorithm"
+
+MIN_CYCLES = 2  # survivors from at least three different steps
+MIN_CYCLE_FRACTION = 0.5
+MAX_FREED_FRACTION = 0.25  # more of the site's trace allocations freed than this: a bounded cache
+MIN_RISING_FRACTION = 0.7
+MIN_GROWTH_FRACTION = 0.05  # of the device limit
+
+
+def _leaky_site(ev: Evidence) -> Survivors | None:
+    best = None
+    for s in ev.survivors:
+        if s.cycles < MIN_CYCLES or s.cycle_fraction < MIN_CYCLE_FRACTION:
+            continue
+        allocs = max(s.stats.allocs_in_trace, s.stats.traced)
+        if allocs and s.freed_at_site / allocs > MAX_FREED_FRACTION:
+            continue
+        if best is None or s.stats.bytes > best.stats.bytes:
+            best = s
+    return best
+
+
+def _steps_phrase(ev: Evidence, s: Survivors) -> str:
+    steps = s.cycles + 1
+    return f"over at least {steps} steps"
+
+
+def evaluate(ev: Evidence) -> Finding | None:
+    f = Finding(rule=ID, verdict=VERDICT, score=0.0)
+    limit = ev.limit_bytes or 0
+    leak = _leaky_site(ev)
+    trend = ev.trend
+    trend_growing = False
+    trend_flat = False
+    if trend is not None:
+        growth_floor = max(256 * MiB, int(MIN_GROWTH_FRACTION * limit)) if limit else 256 * MiB
+        if trend.plateaued and trend.steps >= 6:
+            trend_flat = True
+            f.facts.append(
+                f"Live memory after each step rose by {human(trend.early_growth_bytes)} and then levelled off "
+                f"(+{human(max(0, trend.late_growth_bytes))} over the last third of {trend.steps} steps): "
+                "a bounded cache or warm-up, not a leak."
+            )
+        elif trend.rising_fraction >= MIN_RISING_FRACTION and trend.growth_bytes >= growth_floor:
+            trend_growing = True
+            f.facts.append(
+                f"Live memory after each step grew in {trend.rising_fraction:.0%} of {trend.steps} steps, "
+                f"from {human(trend.start_bytes)} to {human(trend.end_bytes)} "
+                f"(about {human(trend.slope_bytes_per_step)} per step)."
+            )
+            f.values["growth_bytes"] = trend.growth_bytes
+            f.values["steps"] = trend.steps
+        elif trend.steps >= 4:
+            trend_flat = True
+            f.facts.append(
+                f"Live memory after each step stayed flat over {trend.steps} steps "
+                f"({human(trend.start_bytes)} → {human(trend.end_bytes)})."
+            )
+
+    if leak is not None:
+        st = leak.stats
+        where = (
+            f"at {st.site.label}" if st.site.kind in ("user", "library") else "(no stack recorded for them)"
+        )
+        f.facts.append(
+            f"{st.count} blocks, {human(st.bytes)}, allocated {where} {_steps_phrase(ev, leak)} are still alive "
+            f"({leak.freed_at_site} of the site's {max(st.allocs_in_trace, st.traced)} allocations in the trace were freed)."
+        )
+        f.values.update(
+            {
+                "leak_bytes": st.bytes,
+                "leak_blocks": st.count,
+                "leak_steps": leak.cycles + 1,
+                "site": st.site.label,
+            }
+        )
+        if st.site.kind in ("user", "library"):
+            f.leak_site = st.site.to_dict()
+        significant = st.bytes >= 64 * MiB or (ev.allocated_bytes and st.bytes >= 0.02 * ev.allocated_bytes)
+        f.score = STRONG if significant else LIKELY - 0.1
+        if trend_growing:
+            f.score = 0.95
+        elif trend_flat:
+            f.score = min(f.score, 0.4)
+    elif trend_growing:
+        f.score = LIKELY + 0.05 if trend is not None and trend.steps >= 8 else LIKELY - 0.1
+        if ev.has_trace and ev.has_frames:
+            # the trace should have shown the survivors: keep the verdict, lower the confidence
+            f.score -= 0.1
+            f.missing.append("the allocator trace does not reach back far enough to show the leaking site")
+        elif not ev.has_frames:
+            f.missing.append(
+                "allocation stacks (record history with stacks='python') would name the leaking line"
+            )
+        # the biggest user site is the best lead when no site proved itself
+        lead = next((s for s in ev.sites if s.site.kind == "user"), None)
+        if lead is not None:
+            f.values["lead_site"] = lead.site.label
+    elif trend_flat:
+        return None
+    else:
+        if ev.step is not None and ev.step <= 1 and ev.is_cuda_oom:
+            return None  # nothing can leak before the first step completes
+        if not ev.is_cuda_oom:
+            return None  # no OOM and nothing growing: nothing to suspect
+        f.score = CANDIDATE
+        if ev.has_trace and ev.has_frames:
+            f.score = 0.15
+            f.facts.append("No allocation site in the trace kept blocks alive across steps.")
+        else:
+            f.missing.append(
+                "live memory per step (the collector's step samples) or an allocator trace with stacks: "
+                "at the moment of failure a leak and a too-large batch look the same"
+            )
+        return f
+
+    if f.leak_site is not None:
+        site = f.leak_site
+        loc = f"{site['filename']}:{site['line']} in {site['name']}"
+        f.actions.append(
+            f"At {loc}: keep a number, not the tensor — `loss.item()` / `.detach().cpu()` before storing "
+            "it in a list, dict or attribute that outlives the step."
+        )
+        f.actions.append(
+            f"If {loc} runs in evaluation or logging, wrap it in `torch.no_grad()` so no graph is kept."
+        )
+        f.actions.append(
+            "Clear collections that grow every step (metrics lists, caches) or bound their size."
+        )
+    else:
+        f.actions.append(
+            "Find what grows every step: run with the collector's allocator history (stacks='python') "
+            "and look for a site whose blocks survive across steps; usually a loss or output kept without "
+            "`.item()`/`.detach()`."
+        )
+    if ev.limit_bytes:
+        f.values["limit_bytes"] = ev.limit_bytes
+    if f.score >= LIKELY and ev.total_bytes and ev.total_bytes >= 8 * GiB:
+        f.facts.append("A bigger GPU only delays this OOM: the growth does not stop.")
+    return f

@@ -1,0 +1,164 @@
+"""workload_too_large: the job's own peak does not fit in the memory it may use.
+
+Allocator behaviour relied on: a training step's memory is a fixed part (weights, gradients, optimizer
+state — present before the step starts and after it ends) plus a part that scales with the batch
+(activations saved for backward, temporaries). The allocator fails when the live blocks plus the new
+request exceed what the process can reserve: the device's free memory plus its own cached free blocks.
+When nothing else on the device is large (no neighbour process, no quota below the device), when live
+memory does not grow across steps (no leak), and when the cached free memory could not have served the
+request anyway (no fragmentation), the step itself is too big.
+
+The maximum batch size is estimated from the fixed part and the per-sample part:
+- from completed steps, when the collector sampled them: fixed = live memory after the last step,
+  per-sample = (the step's peak − fixed) / batch size;
+- else from the failing step: per-sample ≥ (live memory at the OOM + the request − fixed) / batch size,
+  which makes the estimate an upper bound (the step had not reached its peak yet).
+``max_batch_size = floor((usable − fixed) / per-sample)`` where usable is what this process could have
+reserved (its reservation plus the device's free memory, capped by a fraction cap).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from rules.base import CANDIDATE, LIKELY, POSSIBLE, STRONG, Finding
+from triage.units import GiB, human
+
+if TYPE_CHECKING:
+    from triage.evidence import Evidence
+
+ID = "workload_too_large"
+VERDICT = "workload_too_large"
+OWNER = "algorithm"
+
+EARLY_STEPS = 2  # an OOM in the first steps: nothing had time to leak
+
+
+def usable_bytes(ev: Evidence) -> int | None:
+    """What this process could have held at most at the OOM."""
+    usable = None
+    if ev.reserved_bytes is not None and ev.device_free_bytes is not None:
+        usable = ev.reserved_bytes + ev.device_free_bytes
+    elif ev.limit_bytes is not None:
+        usable = ev.limit_bytes - (ev.non_pytorch_bytes or 0)
+    if usable is not None and ev.fraction_cap_bytes:
+        usable = min(usable, ev.fraction_cap_bytes)
+    return usable
+
+
+def estimate_max_batch(ev: Evidence) -> tuple[int | None, dict[str, Any]]:
+    info: dict[str, Any] = {}
+    batch = ev.batch_size
+    usable = usable_bytes(ev)
+    if not batch or batch <= 0 or usable is None:
+        return None, info
+    trend = ev.trend
+    fixed: int | None = None
+    per_sample: float | None = None
+    if trend is not None and trend.peak_bytes > trend.end_bytes:
+        fixed = trend.end_bytes
+        per_sample = (trend.peak_bytes - fixed) / batch
+        info["source"] = "completed steps"
+        needed = ev.needed_bytes
+        if needed is not None and needed - fixed > per_sample * batch:
+            # the failing step needed more than completed ones did: use what it asked for
+            per_sample = (needed - fixed) / batch
+            info["source"] = "failing step (upper bound)"
+    elif ev.needed_bytes is not None:
+        fixed = _fixed_from_trace(ev)
+        per_sample = (ev.needed_bytes - fixed) / batch
+        info["source"] = "failing step (upper bound)"
+    if fixed is None or per_sample is None or per_sample <= 0:
+        return None, info
+    est = math.floor((usable - fixed) / per_sample)
+    info.update({"fixed_bytes": fixed, "per_sample_bytes": int(per_sample), "usable_bytes": usable})
+    return max(0, est), info
+
+
+def _fixed_from_trace(ev: Evidence) -> int:
+    """Live memory before the failing step began: the lowest level after the last step boundary.
+
+    Without a boundary in the trace, the memory of blocks that were live before the trace started.
+    """
+    tl = ev.oom_timeline
+    if tl is None or not tl.levels:
+        return 0
+    end = ev.oom_entry.index if ev.oom_entry is not None else len(tl.levels) - 1
+    # a step boundary: the last point where live memory was at its lowest since the trace began
+    lo = min(tl.levels[: end + 1]) + tl.start_allocated
+    return max(0, lo)
+
+
+def evaluate(ev: Evidence) -> Finding | None:
+    if not ev.is_cuda_oom:
+        return None
+    f = Finding(rule=ID, verdict=VERDICT, score=CANDIDATE)
+    needed = ev.needed_bytes
+    usable = usable_bytes(ev)
+    early = ev.step is not None and ev.step <= EARLY_STEPS
+    trend = ev.trend
+    flat = trend is not None and trend.steps >= 3 and (trend.plateaued or trend.rising_fraction < 0.5)
+    if needed is not None and usable is not None:
+        f.facts.append(
+            f"At the OOM the job held {human(ev.allocated_bytes or 0)} and asked for {human(ev.request_bytes or 0)} more; "
+            f"it could hold at most {human(usable)} (its reservation plus the device's free memory)."
+        )
+        f.values.update({"needed_bytes": needed, "usable_bytes": usable})
+    if early:
+        f.facts.append(f"It failed at step {ev.step}: nothing had time to accumulate.")
+        f.score = LIKELY
+    elif flat and trend is not None:
+        f.facts.append(f"Live memory after each step did not grow over {trend.steps} steps.")
+        f.score = LIKELY
+    elif ev.has_trace and not any(s.cycles >= 2 for s in ev.survivors):
+        f.score = POSSIBLE
+    if ev.has_snapshot and ev.largest_free_block_bytes is not None and ev.request_bytes is not None:
+        ru = ev.reserved_unallocated_bytes or 0
+        if ru < ev.request_bytes:
+            f.facts.append(
+                f"Only {human(ru)} of the reservation was free: caching did not hide the memory it needed."
+            )
+            f.score = max(f.score, POSSIBLE) + 0.05
+    if ev.other_process_bytes and ev.total_bytes and ev.other_process_bytes > 0.1 * ev.total_bytes:
+        f.score -= 0.2
+    if early and (flat or ev.trend is None) and f.score >= LIKELY:
+        f.score = STRONG - 0.05 if needed is not None else LIKELY
+    if f.score <= CANDIDATE:
+        f.missing.append(
+            "live memory per step (the collector's step samples): a leak grows across steps, a too-large batch does not"
+        )
+    est, info = estimate_max_batch(ev)
+    if est is not None:
+        f.max_batch_size = est
+        f.values.update(info)
+        bound = (
+            " (an upper bound: the failing step had not reached its peak)"
+            if "upper" in info.get("source", "")
+            else ""
+        )
+        f.facts.append(
+            f"Fixed memory {human(info['fixed_bytes'])} + {human(info['per_sample_bytes'])} per sample: "
+            f"at most {est} samples fit in {human(info['usable_bytes'])}{bound}."
+        )
+    if ev.batch_size:
+        if est is not None and est >= 1:
+            accum = max(2, math.ceil(ev.batch_size / max(1, est)))
+            f.actions.append(
+                f"Lower the batch size from {ev.batch_size} to {est} and keep the effective batch with "
+                f"gradient accumulation over {accum} micro-batches."
+            )
+        else:
+            f.actions.append(
+                f"Lower the batch size (now {ev.batch_size}) and keep the effective batch with gradient accumulation."
+            )
+    else:
+        f.actions.append("Lower the batch size and keep the effective batch with gradient accumulation.")
+    f.actions.append(
+        "Cut activation memory: mixed precision (bf16 autocast), activation checkpointing, or a fused/flash attention kernel."
+    )
+    if ev.total_bytes and ev.total_bytes < 40 * GiB:
+        f.actions.append(
+            f"Or run on a GPU with more than {human(ev.total_bytes)}, or shard the model (FSDP/ZeRO)."
+        )
+    return f

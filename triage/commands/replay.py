@@ -1,0 +1,57 @@
+"""`triage replay PATH`: diagnose a saved snapshot offline (never imports torch)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from triage.snapshot.model import Snapshot
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "replay",
+        help="diagnose a snapshot saved with torch.cuda.memory._dump_snapshot",
+        description="Diagnose a CUDA memory snapshot (.pickle, .pickle.gz, .json, .json.gz) offline. "
+        "Exit codes: 0 ok, 2 bad input.",
+    )
+    p.add_argument("path", help="snapshot file")
+    p.add_argument("--message-file", help="file with the OOM error text or log (adds the message's facts)")
+    p.add_argument("--batch-size", type=int, help="the batch size of the failing step (for max_batch_size)")
+    p.add_argument("--json", action="store_true", help="print the Diagnosis as JSON")
+    p.add_argument("--html", metavar="OUT", help="also write a standalone HTML report")
+    p.add_argument("--user-code", action="append", default=[], metavar="GLOB", help="paths that count as user code")
+    p.add_argument("--library", action="append", default=[], metavar="GLOB", help="extra paths that are not user code")
+    p.add_argument("--top", type=int, default=8, help="allocation sites to show")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from triage.commands.common import emit, read_text
+    from triage.pipeline import diagnose_snapshot
+    from triage.snapshot.frames import FrameClassifier
+
+    message = read_text(args.message_file) if args.message_file else None
+    classifier = FrameClassifier.with_patterns(args.user_code, args.library)
+    snapshot = _load_with_progress(args.path, quiet=args.json)
+    d, ev = diagnose_snapshot(snapshot, message=message, batch_size=args.batch_size, classifier=classifier)
+    return emit(d, ev, args, title=f"triage replay {args.path}")
+
+
+def _load_with_progress(path: str, quiet: bool) -> Snapshot:
+    import os
+
+    from triage.snapshot.loader import load_snapshot
+
+    size = 0
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        pass
+    if quiet or size < 32 * 1024 * 1024:
+        return load_snapshot(path)
+    from rich.console import Console
+
+    with Console(stderr=True).status(f"loading {path} ({size / 2**20:.0f} MiB)…"):
+        return load_snapshot(path)

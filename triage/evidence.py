@@ -1,0 +1,592 @@
+"""Evidence: every fact about one incident, computed once from whatever is available.
+
+Inputs, all optional: a snapshot (``triage.snapshot``), the error text (log or exception message,
+parsed by ``triage.messages``), and the incident context (an incident bundle dict, docs/bundle.md:
+device, NVML processes, own pids, fraction cap, MIG profile, batch size, step, per-step timeline,
+/dev/shm, cgroup). Rules read Evidence and nothing else.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from triage.snapshot.accounting import Accounting, Totals, account
+from triage.snapshot.frames import FrameClassifier, Site
+from triage.snapshot.model import INACTIVE, Snapshot, TraceEntry
+from triage.snapshot.sites import SiteStats, live_sites
+from triage.snapshot.timeline import DeviceTimeline, replay
+from triage.units import GiB, MiB
+
+if TYPE_CHECKING:
+    from triage.messages import OomMessage
+
+SMALL_POOL_MAX = 1 * MiB
+CUDA_CONTEXT_MAX = (
+    3 * GiB
+)  # a process's own non-PyTorch memory (context, cuBLAS/NCCL workspaces) rarely exceeds this
+
+
+def _get(d: Any, *path: str) -> Any:
+    for k in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+def _int(v: Any) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and math.isfinite(v):
+        return int(v)
+    if isinstance(v, str) and v.strip().isdigit():
+        return int(v.strip())
+    return None
+
+
+@dataclass(slots=True)
+class Process:
+    pid: int | None
+    used_bytes: int
+    own: bool
+    source: str  # "nvml" | "message"
+    name: str = ""
+
+
+@dataclass(slots=True)
+class StepTrend:
+    """Live memory after each step (the collector samples it at every optimizer step)."""
+
+    steps: int
+    first_step: int
+    last_step: int
+    start_bytes: int
+    end_bytes: int
+    growth_bytes: int
+    rising_fraction: float  # share of step-to-step changes that are increases
+    slope_bytes_per_step: float
+    late_growth_bytes: int  # growth over the last third of the samples
+    early_growth_bytes: int  # growth over the first two thirds
+    peak_bytes: int  # highest per-step peak seen
+    peak_step: int
+
+    @property
+    def plateaued(self) -> bool:
+        """Grew, then stopped: the last third adds less than a tenth of what the first two thirds did."""
+        return self.early_growth_bytes > 0 and self.late_growth_bytes <= 0.1 * self.early_growth_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "first_step": self.first_step,
+            "last_step": self.last_step,
+            "start_bytes": self.start_bytes,
+            "end_bytes": self.end_bytes,
+            "growth_bytes": self.growth_bytes,
+            "rising_fraction": round(self.rising_fraction, 3),
+            "slope_bytes_per_step": round(self.slope_bytes_per_step, 1),
+            "late_growth_bytes": self.late_growth_bytes,
+            "early_growth_bytes": self.early_growth_bytes,
+            "plateaued": self.plateaued,
+        }
+
+
+@dataclass
+class Survivors:
+    """Blocks from one allocation site that outlived the steps that made them."""
+
+    stats: SiteStats
+    cycles: int  # gaps between survivors in which live memory fell back (a step ended)
+    gaps: int
+    freed_at_site: int  # allocations at this site in the trace that were freed again
+
+    @property
+    def site(self) -> Site:
+        return self.stats.site
+
+    @property
+    def cycle_fraction(self) -> float:
+        return self.cycles / self.gaps if self.gaps else 0.0
+
+
+def _trend(samples: Sequence[dict[str, Any]]) -> StepTrend | None:
+    pts: list[tuple[int, int, int]] = []
+    for i, s in enumerate(samples):
+        if not isinstance(s, dict):
+            continue
+        a = _int(s.get("allocated_bytes"))
+        if a is None:
+            continue
+        step = _int(s.get("step"))
+        peak = _int(s.get("peak_allocated_bytes")) or a
+        pts.append((step if step is not None else i, a, peak))
+    if len(pts) < 3:
+        return None
+    pts.sort()
+    vals = [a for _, a, _ in pts]
+    n = len(vals)
+    diffs = [b - a for a, b in itertools.pairwise(vals)]
+    noise = max(1, max(vals) // 10_000)
+    rising = sum(1 for d in diffs if d > noise) / len(diffs)
+    xs = [s for s, _, _ in pts]
+    mx = sum(xs) / n
+    my = sum(vals) / n
+    var = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, vals, strict=True)) / var if var else 0.0
+    cut = max(1, (2 * n) // 3)
+    peak_step, _, peak = max(pts, key=lambda p: p[2])
+    return StepTrend(
+        steps=n,
+        first_step=xs[0],
+        last_step=xs[-1],
+        start_bytes=vals[0],
+        end_bytes=vals[-1],
+        growth_bytes=vals[-1] - min(vals[: max(1, n // 4)]),
+        rising_fraction=rising,
+        slope_bytes_per_step=slope,
+        late_growth_bytes=vals[-1] - vals[cut - 1],
+        early_growth_bytes=vals[cut - 1] - vals[0],
+        peak_bytes=peak,
+        peak_step=peak_step,
+    )
+
+
+@dataclass
+class Evidence:
+    snapshot: Snapshot | None = None
+    accounting: Accounting | None = None
+    timelines: list[DeviceTimeline] = field(default_factory=list)
+    sites: list[SiteStats] = field(default_factory=list)
+    classifier: FrameClassifier = field(default_factory=FrameClassifier)
+    messages: list[OomMessage] = field(default_factory=list)
+    message: OomMessage | None = None
+    bundle: dict[str, Any] = field(default_factory=dict)
+
+    kind: str = "unknown"  # cuda_oom | shm_exhausted | host_oom | crash | none | unknown
+    device: int | None = None
+    device_name: str = ""
+    total_bytes: int | None = None
+    declared_total_bytes: int | None = None
+    mig_profile: str | None = None
+    fraction_cap_bytes: int | None = None
+    fraction_rejected: bool = False
+    vgpu_limit_bytes: int | None = None
+    vgpu_used_bytes: int | None = None
+    request_bytes: int | None = None  # the allocator's request at the OOM (segment size when known)
+    request_rounded_bytes: int | None = None  # the rounded block request (oom trace entry)
+    device_free_bytes: int | None = None
+    reserved_bytes: int | None = None
+    allocated_bytes: int | None = None
+    private_pool_bytes: int | None = None
+    largest_free_block_bytes: int | None = None  # in the pool the request needed
+    request_pool: str | None = None
+    expandable_segments: bool | None = None
+    alloc_conf: str = ""
+    own_pids: set[int] = field(default_factory=set)
+    processes: list[Process] = field(default_factory=list)
+    own_process_identified: bool = False
+    other_process_bytes: int = 0
+    non_pytorch_bytes: int | None = None
+    batch_size: int | None = None
+    step: int | None = None
+    trend: StepTrend | None = None
+    survivors: list[Survivors] = field(default_factory=list)
+    oom_entry: TraceEntry | None = None
+    oom_timeline: DeviceTimeline | None = None
+    shm_total_bytes: int | None = None
+    shm_used_bytes: int | None = None
+    dataloader_workers: int | None = None
+    cgroup_limit_bytes: int | None = None
+    cgroup_usage_bytes: int | None = None
+    oom_kill_count: int | None = None
+    exit_code: int | None = None
+    contract_violations: list[Any] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    # ------------------------------------------------------------------ derived facts
+    @property
+    def has_snapshot(self) -> bool:
+        return self.snapshot is not None and bool(self.snapshot.segments)
+
+    @property
+    def has_trace(self) -> bool:
+        return any(t.entries > 1 for t in self.timelines)
+
+    @property
+    def has_frames(self) -> bool:
+        return any(s.site.kind in ("user", "library") for s in self.sites)
+
+    @property
+    def is_cuda_oom(self) -> bool:
+        return self.kind == "cuda_oom"
+
+    @property
+    def limit_bytes(self) -> int | None:
+        """The most this process may hold: the fraction cap when one is set, else the device total."""
+        if self.fraction_cap_bytes and (
+            self.total_bytes is None or self.fraction_cap_bytes < self.total_bytes
+        ):
+            return self.fraction_cap_bytes
+        if self.vgpu_limit_bytes:
+            return self.vgpu_limit_bytes
+        return self.total_bytes
+
+    @property
+    def reserved_unallocated_bytes(self) -> int | None:
+        if self.reserved_bytes is None or self.allocated_bytes is None:
+            return None
+        return max(0, self.reserved_bytes - self.allocated_bytes)
+
+    @property
+    def needed_bytes(self) -> int | None:
+        """What the job held plus what it asked for at the OOM."""
+        if self.allocated_bytes is None or self.request_bytes is None:
+            return None
+        return self.allocated_bytes + self.request_bytes
+
+    def survivors_at(self, site: Site) -> Survivors | None:
+        for s in self.survivors:
+            if s.site == site:
+                return s
+        return None
+
+
+# ---------------------------------------------------------------------------- building
+
+
+def build_evidence(
+    snapshot: Snapshot | None = None,
+    text: str | None = None,
+    bundle: dict[str, Any] | None = None,
+    *,
+    batch_size: int | None = None,
+    classifier: FrameClassifier | None = None,
+) -> Evidence:
+    ev = Evidence(classifier=classifier or FrameClassifier(), bundle=dict(bundle or {}))
+    b = ev.bundle
+    if snapshot is not None:
+        ev.snapshot = snapshot
+        ev.accounting = account(snapshot)
+        ev.timelines = replay(snapshot)
+        ev.sites = live_sites(snapshot, ev.timelines, ev.classifier)
+    texts = [
+        t
+        for t in (text, _get(b, "error", "message"), _get(b, "error", "traceback"))
+        if isinstance(t, str) and t
+    ]
+    if texts:
+        from triage.messages import parse_messages
+
+        seen: set[str] = set()
+        for t in texts:
+            for m in parse_messages(t):
+                if m.text not in seen:
+                    seen.add(m.text)
+                    ev.messages.append(m)
+    _pick_message(ev)
+    _kind(ev)
+    _device(ev)
+    _snapshot_facts(ev)
+    _processes(ev)
+    _workload(ev, batch_size)
+    _host(ev)
+    _survivors(ev)
+    _contract(ev)
+    return ev
+
+
+def _pick_message(ev: Evidence) -> None:
+    rank = _int(_get(ev.bundle, "workload", "rank"))
+    cuda = [m for m in ev.messages if m.kind == "cuda_oom"]
+    pool = cuda or ev.messages
+    if not pool:
+        return
+    if rank is not None:
+        mine = [m for m in pool if m.rank == rank]
+        if mine:
+            pool = mine
+    # prefer the message with the most numbers in it
+    ev.message = max(pool, key=lambda m: (m.total_bytes is not None, m.requested_bytes is not None))
+
+
+def _kind(ev: Evidence) -> None:
+    kind = _get(ev.bundle, "kind")
+    if isinstance(kind, str) and kind:
+        ev.kind = kind
+    elif ev.message is not None:
+        ev.kind = ev.message.kind
+    elif any(t.oom is not None for t in ev.timelines):
+        ev.kind = "cuda_oom"
+    elif ev.snapshot is not None:
+        ev.kind = "none"
+    if ev.kind in ("crash", "unknown") and ev.message is not None:
+        ev.kind = ev.message.kind
+
+
+def _device(ev: Evidence) -> None:
+    b, m = ev.bundle, ev.message
+    dev = _get(b, "device") or {}
+    obs = _get(b, "allocator", "observer") or {}
+    ev.device = _int(dev.get("index"))
+    if ev.device is None and m is not None:
+        ev.device = m.device_index
+    if ev.device is None and isinstance(obs, dict):
+        ev.device = _int(obs.get("device"))
+    oom_tls = [t for t in ev.timelines if t.oom is not None]
+    if ev.device is None and oom_tls:
+        ev.device = oom_tls[0].device
+    tl = next((t for t in ev.timelines if t.device == ev.device), None)
+    if tl is None and len(ev.timelines) == 1:
+        tl = ev.timelines[0]
+    if tl is not None and tl.oom is not None:
+        ev.oom_entry = tl.oom
+        ev.oom_timeline = tl
+    ev.device_name = str(dev.get("name") or "")
+    ev.total_bytes = _int(dev.get("total_bytes")) or (m.total_bytes if m else None)
+    ev.declared_total_bytes = _int(dev.get("declared_total_bytes"))
+    prof = dev.get("mig_profile")
+    if isinstance(prof, str) and prof:
+        ev.mig_profile = prof
+    elif " MIG " in f" {ev.device_name} ":
+        ev.mig_profile = ev.device_name.split("MIG", 1)[1].strip() or "unknown"
+    if m is not None and m.format == "nvml-assert" and ev.mig_profile is None and "MIG" in m.text:
+        ev.mig_profile = "unknown"
+    cap = _int(_get(b, "allocator", "fraction_cap_bytes"))
+    frac = _get(b, "allocator", "fraction")
+    if cap is None and isinstance(frac, int | float) and 0 < frac < 1 and ev.total_bytes:
+        cap = int(frac * ev.total_bytes)
+    if cap is None and m is not None and m.allowed_bytes:
+        cap = m.allowed_bytes
+    obs_cap = _int(obs.get("device_total_or_cap")) if isinstance(obs, dict) else None
+    if cap is None and obs_cap and ev.total_bytes and obs_cap < ev.total_bytes * 0.99:
+        cap = obs_cap
+    ev.fraction_cap_bytes = cap
+    ev.fraction_rejected = bool(m and m.fraction_rejected)
+    if m is not None:
+        ev.vgpu_limit_bytes = m.vgpu_limit_bytes
+        ev.vgpu_used_bytes = m.vgpu_used_bytes
+    # the request and what the device had free
+    req = m.requested_bytes if m else None
+    if req is None and isinstance(obs, dict):
+        req = _int(obs.get("alloc_size"))
+    if ev.oom_entry is not None:
+        ev.request_rounded_bytes = ev.oom_entry.size
+        if req is None:
+            req = ev.oom_entry.size
+    ev.request_bytes = req
+    free = m.free_bytes if m else None
+    if free is None and ev.oom_entry is not None:
+        free = ev.oom_entry.device_free
+    if free is None and isinstance(obs, dict):
+        free = _int(obs.get("device_free"))
+    if free is None:
+        free = _int(dev.get("free_bytes"))
+    ev.device_free_bytes = free
+    rounded = ev.request_rounded_bytes
+    if rounded is not None:
+        ev.request_pool = "small" if rounded <= SMALL_POOL_MAX else "large"
+    elif req is not None:
+        ev.request_pool = "small" if req <= 2 * MiB else "large"
+
+
+def _snapshot_facts(ev: Evidence) -> None:
+    m = ev.message
+    settings = ev.snapshot.allocator_settings if ev.snapshot is not None else {}
+    if not settings:
+        s2 = _get(ev.bundle, "allocator", "settings")
+        settings = s2 if isinstance(s2, dict) else {}
+    conf = (
+        settings.get("PYTORCH_CUDA_ALLOC_CONF")
+        or _get(ev.bundle, "environment", "PYTORCH_CUDA_ALLOC_CONF")
+        or ""
+    )
+    ev.alloc_conf = str(conf)
+    exp = settings.get("expandable_segments")
+    if isinstance(exp, bool):
+        ev.expandable_segments = exp
+    elif "expandable_segments:true" in ev.alloc_conf.replace(" ", "").lower():
+        ev.expandable_segments = True
+    elif ev.snapshot is not None and ev.snapshot.segments:
+        ev.expandable_segments = any(s.is_expandable for s in ev.snapshot.segments)
+    if ev.accounting is not None and ev.accounting.total.segments:
+        acc = ev.accounting
+        dev_tot: Totals | None = acc.by_device.get(ev.device) if ev.device is not None else None
+        if dev_tot is None:
+            if len(acc.by_device) == 1:
+                ev.device, dev_tot = next(iter(acc.by_device.items()))
+            else:
+                dev_tot = acc.total
+        ev.reserved_bytes = dev_tot.reserved_bytes
+        ev.allocated_bytes = dev_tot.allocated_bytes
+        ev.private_pool_bytes = dev_tot.private_pool_bytes
+        ev.largest_free_block_bytes = _largest_usable_hole(ev)
+    elif m is not None:
+        ev.allocated_bytes = m.allocated_bytes
+        ev.reserved_bytes = m.reserved_bytes
+        if (
+            ev.reserved_bytes is None
+            and m.allocated_bytes is not None
+            and m.reserved_unallocated_bytes is not None
+        ):
+            ev.reserved_bytes = m.allocated_bytes + m.reserved_unallocated_bytes
+        ev.private_pool_bytes = m.private_pool_bytes
+    if ev.reserved_bytes is None:
+        stats = _get(ev.bundle, "allocator", "memory_stats")
+        if isinstance(stats, dict):
+            ev.reserved_bytes = _int(stats.get("reserved_bytes.all.current"))
+            ev.allocated_bytes = _int(stats.get("allocated_bytes.all.current"))
+
+
+def _largest_usable_hole(ev: Evidence) -> int:
+    """The largest free block the failing request could have used: same device, pool and stream."""
+    assert ev.snapshot is not None
+    stream = ev.oom_entry.stream if ev.oom_entry is not None else 0
+    best = 0
+    for seg in ev.snapshot.segments:
+        if ev.device is not None and seg.device != ev.device:
+            continue
+        if seg.pool_id != (0, 0) or seg.stream != stream:
+            continue
+        if ev.request_pool is not None and seg.segment_type != ev.request_pool:
+            continue
+        for blk in seg.blocks:
+            if blk.state == INACTIVE and blk.size > best:
+                best = blk.size
+    return best
+
+
+def _processes(ev: Evidence) -> None:
+    b, m = ev.bundle, ev.message
+    wl = _get(b, "workload") or {}
+    pids = wl.get("pids") if isinstance(wl, dict) else None
+    if isinstance(pids, list):
+        ev.own_pids.update(p for p in pids if isinstance(p, int))
+    pid = _int(wl.get("pid")) if isinstance(wl, dict) else None
+    if pid is not None:
+        ev.own_pids.add(pid)
+    nvml = _get(b, "device", "processes")
+    if isinstance(nvml, list) and nvml:
+        for p in nvml:
+            if not isinstance(p, dict):
+                continue
+            ppid = _int(p.get("pid"))
+            used = _int(p.get("used_bytes")) or 0
+            ev.processes.append(Process(ppid, used, ppid in ev.own_pids, "nvml", str(p.get("name") or "")))
+    elif m is not None and m.processes:
+        for pu in m.processes:
+            own = pu.this_process or (pu.pid is not None and pu.pid in ev.own_pids)
+            ev.processes.append(Process(pu.pid, pu.used_bytes, own, "message"))
+    ev.own_process_identified = any(p.own for p in ev.processes)
+    if ev.processes and not ev.own_process_identified and ev.reserved_bytes is not None:
+        # In a container torch prints "Process PID has X" for the failing process itself. Its usage is
+        # its reservation plus its own context, so the line closest above the reservation is the job.
+        fits = [
+            p
+            for p in ev.processes
+            if ev.reserved_bytes * 0.98 <= p.used_bytes <= ev.reserved_bytes + CUDA_CONTEXT_MAX
+        ]
+        if fits:
+            me = min(fits, key=lambda p: p.used_bytes - ev.reserved_bytes if ev.reserved_bytes else 0)
+            me.own = True
+            ev.own_process_identified = True
+            ev.notes.append(
+                f"process {me.pid} was taken to be the job itself: its {me.used_bytes} bytes match the job's "
+                f"{ev.reserved_bytes} reserved bytes plus its CUDA context"
+            )
+    ev.other_process_bytes = sum(p.used_bytes for p in ev.processes if not p.own)
+    if ev.total_bytes is not None and ev.device_free_bytes is not None and ev.reserved_bytes is not None:
+        ev.non_pytorch_bytes = max(0, ev.total_bytes - ev.device_free_bytes - ev.reserved_bytes)
+
+
+def _workload(ev: Evidence, batch_size: int | None) -> None:
+    wl = _get(ev.bundle, "workload") or {}
+    ev.batch_size = batch_size or (_int(wl.get("batch_size")) if isinstance(wl, dict) else None)
+    ev.step = _int(wl.get("step")) if isinstance(wl, dict) else None
+    tl = _get(ev.bundle, "timeline")
+    if isinstance(tl, list):
+        ev.trend = _trend(tl)
+
+
+def _host(ev: Evidence) -> None:
+    host = _get(ev.bundle, "host") or {}
+    if not isinstance(host, dict):
+        host = {}
+    ev.shm_total_bytes = _int(host.get("shm_total_bytes"))
+    ev.shm_used_bytes = _int(host.get("shm_used_bytes"))
+    ev.dataloader_workers = _int(host.get("dataloader_workers"))
+    cg = host.get("cgroup") or {}
+    if isinstance(cg, dict):
+        ev.cgroup_limit_bytes = _int(cg.get("memory_limit_bytes"))
+        ev.cgroup_usage_bytes = _int(cg.get("memory_usage_bytes"))
+        ev.oom_kill_count = _int(cg.get("oom_kill_count"))
+    if ev.message is not None and ev.message.exit_code is not None:
+        ev.exit_code = ev.message.exit_code
+    code = _int(_get(ev.bundle, "error", "exit_code"))
+    if code is not None:
+        ev.exit_code = code
+
+
+def _survivors(ev: Evidence) -> None:
+    """Sites whose surviving blocks were made in different steps: between two survivors live memory fell
+    back below the level it had when the earlier one was made (that step's activations were freed)."""
+    by_dev = {t.device: t for t in ev.timelines}
+    for st in ev.sites:
+        if st.traced < 3 or st.site.kind == "native":
+            continue
+        dev = min(st.devices) if st.devices else 0
+        tl = by_dev.get(dev)
+        if tl is None or not tl.levels:
+            continue
+        idx = st.alloc_indices
+        cycles = sum(1 for a, c in itertools.pairwise(idx) if _is_cycle(tl, a, c))
+        freed = max(0, st.allocs_in_trace - st.traced)
+        ev.survivors.append(Survivors(st, cycles, len(idx) - 1, freed))
+    ev.survivors.sort(key=lambda s: (-s.cycles, -s.stats.bytes))
+
+
+def _is_cycle(tl: DeviceTimeline, a: int, c: int) -> bool:
+    """Whether a training step ended between two survivors allocated at entries a and c.
+
+    Two conditions, both needed: live memory fell below its level from before ``a`` (what was
+    allocated around ``a`` was freed again), and far more was allocated in between than was kept
+    (at least 4x the net growth): a whole forward/backward came and went. Inside one forward pass the
+    saved activations make the net growth a large part of what is allocated, so layer after layer of
+    the same line does not count as steps.
+    """
+    if c - a < 3:
+        return False
+    e = tl.raw[a]
+    size = e.get("size", 0)
+    s = size if isinstance(size, int) else 0
+    level_a = tl.level_at(a)
+    if tl.min_level_between(a + 1, c) >= level_a - s:
+        return False
+    net = tl.level_at(c - 1) - level_a
+    volume = tl.volumes[c - 1] - tl.volumes[a]
+    return volume >= 4 * max(net, s, 1)
+
+
+def _contract(ev: Evidence) -> None:
+    try:
+        from triage.contract.evidence import pod_violations
+        from triage.contract.load import load_contract
+    except ImportError:
+        return
+    facts = dict(_get(ev.bundle, "host") or {})
+    k8s = _get(ev.bundle, "k8s")
+    if isinstance(k8s, dict):
+        facts.update(k8s)
+    if not facts:
+        return
+    try:
+        ns = _get(ev.bundle, "workload", "namespace")
+        contract = load_contract(namespace=ns if isinstance(ns, str) else None)
+        ev.contract_violations = list(pod_violations(facts, contract))
+    except Exception as exc:  # a broken contract file must not break the diagnosis
+        ev.notes.append(f"contract check skipped: {exc}")
