@@ -41,8 +41,9 @@ def evaluate(ev: Evidence) -> Finding | None:
         return None
     free = ev.device_free_bytes or 0
     limit = ev.limit_bytes or (ev.reserved_bytes or 0) + free
-    if ru < req or (limit and ru < MIN_WASTE_FRACTION * limit):
+    if ru < req:
         return None  # not enough cached memory to have served the request: not fragmentation
+    small_waste = bool(limit) and ru < MIN_WASTE_FRACTION * limit
     f = Finding(rule=ID, verdict=VERDICT, score=CANDIDATE)
     f.values.update({"request_bytes": req, "free_in_reserved_bytes": ru, "device_free_bytes": free})
     largest = ev.largest_free_block_bytes if ev.has_snapshot else None
@@ -69,6 +70,11 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.missing.append("a snapshot (the largest free block decides whether the cached memory was usable)")
         f.score = POSSIBLE - 0.05
     if ev.other_process_bytes and ev.other_process_bytes > ru:
+        f.score -= 0.15
+    if small_waste:
+        f.facts.append(
+            f"The cached free memory is under {MIN_WASTE_FRACTION:.0%} of what the job may hold: a minor factor."
+        )
         f.score -= 0.15
     if ev.expandable_segments:
         f.facts.append(

@@ -267,6 +267,7 @@ def build_evidence(
     *,
     batch_size: int | None = None,
     classifier: FrameClassifier | None = None,
+    survivors: bool = True,
 ) -> Evidence:
     ev = Evidence(classifier=classifier or FrameClassifier(), bundle=dict(bundle or {}))
     b = ev.bundle
@@ -296,7 +297,8 @@ def build_evidence(
     _processes(ev)
     _workload(ev, batch_size)
     _host(ev)
-    _survivors(ev)
+    if survivors:
+        _survivors(ev)
     _contract(ev)
     return ev
 

@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from triage.diagnosis import Diagnosis
-from triage.engine import diagnose
+from triage.engine import decide, diagnose
 from triage.evidence import Evidence, build_evidence
 from triage.snapshot.frames import FrameClassifier
 from triage.snapshot.loader import load_snapshot, normalise
@@ -20,9 +20,12 @@ def diagnose_snapshot(
     bundle: dict[str, Any] | None = None,
     batch_size: int | None = None,
     classifier: FrameClassifier | None = None,
+    rules: bool = True,
 ) -> tuple[Diagnosis, Evidence]:
-    ev = build_evidence(snapshot, message, bundle, batch_size=batch_size, classifier=classifier)
-    return diagnose(ev), ev
+    ev = build_evidence(
+        snapshot, message, bundle, batch_size=batch_size, classifier=classifier, survivors=rules
+    )
+    return (diagnose(ev) if rules else decide(ev, [])), ev
 
 
 def diagnose_file(
@@ -33,7 +36,9 @@ def diagnose_file(
     classifier: FrameClassifier | None = None,
 ) -> tuple[Diagnosis, Evidence]:
     """`triage replay`: a snapshot file (pickle/JSON, maybe gzip'd), optionally with the error text."""
-    return diagnose_snapshot(load_snapshot(path), message=message, batch_size=batch_size, classifier=classifier)
+    return diagnose_snapshot(
+        load_snapshot(path), message=message, batch_size=batch_size, classifier=classifier
+    )
 
 
 def diagnose_text(text: str, *, batch_size: int | None = None) -> tuple[Diagnosis, Evidence]:
@@ -42,7 +47,9 @@ def diagnose_text(text: str, *, batch_size: int | None = None) -> tuple[Diagnosi
     return diagnose(ev), ev
 
 
-def diagnose_bundle(bundle: dict[str, Any], *, classifier: FrameClassifier | None = None) -> tuple[Diagnosis, Evidence]:
+def diagnose_bundle(
+    bundle: dict[str, Any], *, classifier: FrameClassifier | None = None
+) -> tuple[Diagnosis, Evidence]:
     """The service's door: an incident bundle (docs/bundle.md) with its snapshot inline (or null)."""
     raw = bundle.get("snapshot")
     snap = normalise(raw, source="bundle", shared_frames=False) if isinstance(raw, dict | list) else None

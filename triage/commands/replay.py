@@ -21,9 +21,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--batch-size", type=int, help="the batch size of the failing step (for max_batch_size)")
     p.add_argument("--json", action="store_true", help="print the Diagnosis as JSON")
     p.add_argument("--html", metavar="OUT", help="also write a standalone HTML report")
-    p.add_argument("--user-code", action="append", default=[], metavar="GLOB", help="paths that count as user code")
-    p.add_argument("--library", action="append", default=[], metavar="GLOB", help="extra paths that are not user code")
+    p.add_argument(
+        "--user-code", action="append", default=[], metavar="GLOB", help="paths that count as user code"
+    )
+    p.add_argument(
+        "--library", action="append", default=[], metavar="GLOB", help="extra paths that are not user code"
+    )
     p.add_argument("--top", type=int, default=8, help="allocation sites to show")
+    p.add_argument(
+        "--no-rules",
+        action="store_true",
+        help="accounting, timeline and allocation sites only (verdict stays inconclusive)",
+    )
+    p.add_argument(
+        "--max-bytes",
+        type=int,
+        help="refuse inputs (or their decompressed form) larger than this (default: $TRIAGE_MAX_SNAPSHOT_BYTES or 4 GiB)",
+    )
     p.set_defaults(func=run)
 
 
@@ -34,12 +48,31 @@ def run(args: argparse.Namespace) -> int:
 
     message = read_text(args.message_file) if args.message_file else None
     classifier = FrameClassifier.with_patterns(args.user_code, args.library)
-    snapshot = _load_with_progress(args.path, quiet=args.json)
-    d, ev = diagnose_snapshot(snapshot, message=message, batch_size=args.batch_size, classifier=classifier)
+    snapshot = _load_with_progress(args.path, quiet=args.json, max_bytes=_max_bytes(args.max_bytes))
+    d, ev = diagnose_snapshot(
+        snapshot, message=message, batch_size=args.batch_size, classifier=classifier, rules=not args.no_rules
+    )
     return emit(d, ev, args, title=f"triage replay {args.path}")
 
 
-def _load_with_progress(path: str, quiet: bool) -> Snapshot:
+def _max_bytes(arg: int | None) -> int:
+    import os
+
+    from triage.errors import InputError
+    from triage.snapshot.loader import DEFAULT_MAX_BYTES
+
+    if arg is not None:
+        return arg
+    env = os.environ.get("TRIAGE_MAX_SNAPSHOT_BYTES")
+    if env:
+        try:
+            return int(env)
+        except ValueError:
+            raise InputError(f"TRIAGE_MAX_SNAPSHOT_BYTES={env!r} is not a number of bytes")
+    return DEFAULT_MAX_BYTES
+
+
+def _load_with_progress(path: str, quiet: bool, max_bytes: int) -> Snapshot:
     import os
 
     from triage.snapshot.loader import load_snapshot
@@ -50,8 +83,8 @@ def _load_with_progress(path: str, quiet: bool) -> Snapshot:
     except OSError:
         pass
     if quiet or size < 32 * 1024 * 1024:
-        return load_snapshot(path)
+        return load_snapshot(path, max_bytes=max_bytes)
     from rich.console import Console
 
     with Console(stderr=True).status(f"loading {path} ({size / 2**20:.0f} MiB)…"):
-        return load_snapshot(path)
+        return load_snapshot(path, max_bytes=max_bytes)

@@ -134,10 +134,15 @@ def default_memory_budget(input_bytes: int) -> int:
 def _unpickle(stream: IO[bytes], what: str) -> Any:
     try:
         return _RefusingUnpickler(stream).load()
+    except ForbiddenGlobal as exc:
+        raise ForbiddenGlobal(f"{what}: {exc}") from None
     except InputError:
         raise
     except MemoryError:
-        raise MemoBomb(f"{what}: decoding would exceed the memory bound (memo or object bomb); refused")
+        raise MemoBomb(
+            f"{what}: decoding would exceed the memory bound (a length, memo index or object count far "
+            "beyond the input's size); refused"
+        )
     except EOFError:
         raise TruncatedInput(f"{what}: pickle data ends early (truncated)")
     except RecursionError:
@@ -361,11 +366,39 @@ def _traces(raw: Any, table: dict[tuple[Any, ...], RawFrame] | None, what: str) 
     return out
 
 
+MAX_DEPTH = 32  # a snapshot nests 6 deep (dict > segments > segment > blocks > block > frames > frame)
+
+
+def _nesting_exceeds(obj: Any, limit: int) -> bool:
+    """Whether containers nest deeper than ``limit`` along any first-child path (iterative)."""
+    stack: list[tuple[Any, int]] = [(obj, 0)]
+    seen = 0
+    while stack and seen < 100_000:
+        cur, depth = stack.pop()
+        seen += 1
+        if depth > limit:
+            return True
+        if isinstance(cur, dict):
+            stack.extend((v, depth + 1) for v in list(cur.values())[:4])
+        elif isinstance(cur, list | tuple):
+            stack.extend((v, depth + 1) for v in cur[:4])
+    return False
+
+
 def normalise(obj: Any, *, source: str = "", shared_frames: bool = True) -> Snapshot:
     """Turn a decoded snapshot (dict, or the segments list) into the model.
 
     ``shared_frames=False`` (JSON input) interns frame dicts so that equal frames share one object.
     """
+    try:
+        return _normalise(obj, source, shared_frames)
+    except NotASnapshot:
+        if _nesting_exceeds(obj, MAX_DEPTH):
+            raise TooDeep(f"{source or 'snapshot'}: not a snapshot: nested deeper than {MAX_DEPTH} levels")
+        raise
+
+
+def _normalise(obj: Any, source: str, shared_frames: bool) -> Snapshot:
     what = source or "snapshot"
     table: dict[tuple[Any, ...], RawFrame] | None = None if shared_frames else {}
     if isinstance(obj, list):
