@@ -1,15 +1,26 @@
 PY ?= python3
+PIP ?= $(PY) -m pip
 
-.PHONY: install run test lint bench
+.PHONY: install install-server run test check bench
+# Quick start, on a fresh machine:
+#   make run    the triage service on embedded SQLite, seeded with sample incidents (http://127.0.0.1:8000)
+#   make test   every check: system packages, Python packages, ruff, mypy, the whole test suite
+
 install:
-	$(PY) -m pip install -q -e ".[dev,server,k8s]"
+	$(PIP) install -q -e ".[dev,server,k8s]"
 
-# The main job: the triage service on embedded SQLite, seeded with sample incidents.
-run:
+install-server:
+	$(PIP) install -q -e ".[server]"
+
+run: install-server
 	$(PY) -m triage.cli serve --demo
 
-# Every check: ruff, mypy, the whole test suite with warnings as errors.
 test:
+	bash .ci/setup
+	$(MAKE) install
+	bash .ci/check
+
+check:
 	bash .ci/check
 
 bench:

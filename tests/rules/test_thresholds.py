@@ -1,0 +1,249 @@
+"""Every rule on both sides of its thresholds, on Evidence built field by field.
+
+Each case states the fact that moves and asserts the finding (or its absence) and its explanation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from rules import fragmentation, gpu_quota, host_memory_limit, other_process, shm_exhausted, tensor_leak, workload_too_large
+from rules.base import CANDIDATE, LIKELY, STRONG
+from triage.engine import diagnose
+from triage.evidence import Evidence, Process, StepTrend
+from triage.units import GiB, MiB
+
+
+def cuda(**kw: Any) -> Evidence:
+    base: dict[str, Any] = {
+        "kind": "cuda_oom",
+        "total_bytes": 80 * GiB,
+        "device_free_bytes": 100 * MiB,
+        "reserved_bytes": 78 * GiB,
+        "allocated_bytes": 77 * GiB,
+        "request_bytes": 2 * GiB,
+    }
+    base.update(kw)
+    return Evidence(**base)
+
+
+def trend(values: list[int], peaks: list[int] | None = None) -> StepTrend:
+    from triage.evidence import _trend
+
+    samples = [
+        {"step": i, "allocated_bytes": v, "peak_allocated_bytes": (peaks[i] if peaks else v)} for i, v in enumerate(values)
+    ]
+    t = _trend(samples)
+    assert t is not None
+    return t
+
+
+# ---------------------------------------------------------------- shm_exhausted
+def test_shm_fires_on_shm_kind_and_cites_the_default_size() -> None:
+    f = shm_exhausted.evaluate(Evidence(kind="shm_exhausted", shm_total_bytes=64 * MiB, shm_used_bytes=63 * MiB))
+    assert f is not None and f.score >= STRONG
+    assert any("64 MiB default" in s for s in f.facts)
+
+
+@pytest.mark.parametrize(("shm", "fires"), [(64 * MiB, True), (64 * MiB + 1, False)])
+def test_shm_on_a_plain_crash_depends_on_the_64mib_default(shm: int, fires: bool) -> None:
+    f = shm_exhausted.evaluate(Evidence(kind="crash", shm_total_bytes=shm))
+    assert (f is not None) is fires
+
+
+def test_shm_does_not_fire_on_a_cuda_oom() -> None:
+    assert shm_exhausted.evaluate(cuda(shm_total_bytes=64 * MiB)) is None
+
+
+# ---------------------------------------------------------------- host_memory_limit
+def test_host_oom_fires_and_reports_the_limit() -> None:
+    f = host_memory_limit.evaluate(
+        Evidence(kind="host_oom", cgroup_limit_bytes=64 * GiB, cgroup_usage_bytes=63 * GiB, oom_kill_count=1)
+    )
+    assert f is not None and f.score >= STRONG
+    assert any("memory limit is 64.0 GiB" in s for s in f.facts)
+
+
+@pytest.mark.parametrize(("usage", "bonus"), [(math.ceil(0.9 * 64 * GiB), True), (int(0.89 * 64 * GiB), False)])
+def test_host_usage_near_the_limit_strengthens(usage: int, bonus: bool) -> None:
+    f = host_memory_limit.evaluate(Evidence(kind="host_oom", cgroup_limit_bytes=64 * GiB, cgroup_usage_bytes=usage))
+    assert f is not None
+    assert (f.score > STRONG) is bonus
+
+
+def test_exit_137_alone_is_likely_and_exit_1_is_nothing() -> None:
+    f = host_memory_limit.evaluate(Evidence(kind="crash", exit_code=137))
+    assert f is not None and f.score == pytest.approx(LIKELY)
+    assert host_memory_limit.evaluate(Evidence(kind="crash", exit_code=1)) is None
+
+
+# ---------------------------------------------------------------- gpu_quota
+def test_fraction_cap_with_free_device_memory_is_strong() -> None:
+    f = gpu_quota.evaluate(cuda(fraction_cap_bytes=40 * GiB, device_free_bytes=30 * GiB, allocated_bytes=38 * GiB))
+    assert f is not None and f.score >= STRONG
+    assert any("per-process memory cap" in s for s in f.facts)
+
+
+@pytest.mark.parametrize(("cap_fraction", "fires"), [(0.97, True), (0.99, False)])
+def test_fraction_cap_must_be_below_the_device(cap_fraction: float, fires: bool) -> None:
+    ev = cuda(fraction_cap_bytes=int(cap_fraction * 80 * GiB), device_free_bytes=10 * GiB)
+    assert (gpu_quota.evaluate(ev) is not None) is fires
+
+
+@pytest.mark.parametrize(("declared", "fires"), [(int(1.06 * 40 * GiB), True), (int(1.04 * 40 * GiB), False)])
+def test_declared_bigger_than_actual_device(declared: int, fires: bool) -> None:
+    ev = cuda(total_bytes=40 * GiB, declared_total_bytes=declared, reserved_bytes=39 * GiB, allocated_bytes=38 * GiB)
+    f = gpu_quota.evaluate(ev)
+    assert (f is not None) is fires
+    if f:
+        assert f.score >= STRONG
+
+
+def test_mig_slice_is_a_quota_finding() -> None:
+    f = gpu_quota.evaluate(cuda(total_bytes=10 * GiB, mig_profile="1g.10gb", reserved_bytes=9 * GiB, allocated_bytes=9 * GiB))
+    assert f is not None and f.score >= LIKELY
+    assert any("MIG slice (1g.10gb)" in s for s in f.facts)
+
+
+def test_no_limit_no_quota() -> None:
+    assert gpu_quota.evaluate(cuda()) is None
+
+
+# ---------------------------------------------------------------- other_process
+def _others(used: int, own_nvml: bool = True) -> Evidence:
+    procs = [Process(100, 60 * GiB, True, "nvml"), Process(200, used, False, "nvml")]
+    return cuda(
+        processes=procs,
+        own_pids={100} if own_nvml else set(),
+        own_process_identified=True,
+        other_process_bytes=used,
+        reserved_bytes=59 * GiB,
+        allocated_bytes=58 * GiB,
+        request_bytes=2 * GiB,
+    )
+
+
+@pytest.mark.parametrize(("used", "fires"), [(GiB, True), (GiB - 1, False)])
+def test_neighbour_must_hold_at_least_a_gib(used: int, fires: bool) -> None:
+    f = other_process.evaluate(_others(used))
+    assert (f is not None) is fires
+
+
+def test_a_big_neighbour_identified_by_pid_is_strong() -> None:
+    f = other_process.evaluate(_others(20 * GiB))
+    assert f is not None and f.score >= STRONG
+    assert any("pid 200 (20.0 GiB)" in s for s in f.facts)
+
+
+def test_neighbour_does_not_matter_when_the_job_alone_exceeds_the_gpu() -> None:
+    ev = _others(20 * GiB)
+    ev.allocated_bytes = 79 * GiB
+    ev.request_bytes = 2 * GiB
+    f = other_process.evaluate(ev)
+    assert f is not None and f.score <= CANDIDATE
+
+
+# ---------------------------------------------------------------- fragmentation
+def _frag(largest: int, ru: int, req: int = 512 * MiB, expandable: bool | None = False) -> Evidence:
+    from triage.snapshot.model import Snapshot, Segment
+
+    seg = Segment(0, 0, 1, 0, "large", (0, 0), False, [], [])
+    return cuda(
+        snapshot=Snapshot([seg], [], {}, [], era="v2"),
+        reserved_bytes=70 * GiB,
+        allocated_bytes=70 * GiB - ru,
+        request_bytes=req,
+        largest_free_block_bytes=largest,
+        expandable_segments=expandable,
+    )
+
+
+def test_fragmentation_when_the_largest_hole_is_one_byte_too_small() -> None:
+    f = fragmentation.evaluate(_frag(largest=512 * MiB - 1, ru=6 * GiB))
+    assert f is not None and f.score >= STRONG
+    assert "largest free block in the large pool was 512.0 MiB" in " ".join(f.facts) or f.facts
+
+
+def test_no_fragmentation_when_a_hole_fits_the_request() -> None:
+    assert fragmentation.evaluate(_frag(largest=512 * MiB, ru=6 * GiB)) is None
+
+
+@pytest.mark.parametrize(("ru", "fires"), [(512 * MiB, True), (512 * MiB - 1, False)])
+def test_fragmentation_needs_cached_memory_at_least_the_request(ru: int, fires: bool) -> None:
+    f = fragmentation.evaluate(_frag(largest=1 * MiB, ru=ru))
+    assert (f is not None) is fires
+
+
+def test_expandable_segments_on_makes_the_torch_hint_wrong() -> None:
+    f = fragmentation.evaluate(_frag(largest=1 * MiB, ru=6 * GiB, expandable=True))
+    assert f is not None and f.score < LIKELY
+    assert any("torch's hint" in s for s in f.facts)
+
+
+# ---------------------------------------------------------------- tensor_leak
+def test_leak_from_a_rising_step_timeline() -> None:
+    vals = [10 * GiB + i * 300 * MiB for i in range(20)]
+    f = tensor_leak.evaluate(cuda(trend=trend(vals)))
+    assert f is not None and f.score >= LIKELY
+    assert any("grew in 100% of 20 steps" in s for s in f.facts)
+
+
+@pytest.mark.parametrize(("rising_steps", "fires"), [(14, True), (13, False)])
+def test_leak_needs_70_percent_rising_steps(rising_steps: int, fires: bool) -> None:
+    # 21 samples → 20 changes: the flat ones first, then `rising_steps` rises of 400 MiB
+    vals = [10 * GiB]
+    flats = 20 - rising_steps
+    for i in range(20):
+        vals.append(vals[-1] + (0 if i < flats else 400 * MiB))
+    t = trend(vals)
+    assert t.rising_fraction == pytest.approx(rising_steps / 20)
+    f = tensor_leak.evaluate(cuda(trend=t))
+    assert (f is not None and f.score >= LIKELY - 0.1) is fires
+
+
+def test_a_plateau_clears_the_leak() -> None:
+    vals = [10 * GiB + min(i, 8) * 500 * MiB for i in range(24)]
+    assert tensor_leak.evaluate(cuda(trend=trend(vals))) is None
+
+
+def test_leak_is_only_a_candidate_from_a_message_alone() -> None:
+    f = tensor_leak.evaluate(cuda(step=None))
+    assert f is not None and f.score == CANDIDATE
+    assert f.missing
+
+
+def test_no_leak_before_the_first_step_completes() -> None:
+    assert tensor_leak.evaluate(cuda(step=0)) is None
+
+
+# ---------------------------------------------------------------- workload_too_large
+def test_too_large_at_step_zero_estimates_max_batch() -> None:
+    t = None
+    ev = cuda(step=0, batch_size=64, trend=t, reserved_bytes=70 * GiB, allocated_bytes=70 * GiB, device_free_bytes=8 * GiB, request_bytes=4 * GiB)
+    f = workload_too_large.evaluate(ev)
+    assert f is not None and f.score >= LIKELY
+    assert f.max_batch_size is not None and f.max_batch_size < 64
+
+
+def test_max_batch_from_completed_steps() -> None:
+    # fixed 20 GiB, peaks 20 + 32*1 GiB at batch 32 → 1 GiB per sample; usable 70 + 8 = 78 GiB → 58,
+    # but batch 32 itself just failed (a longer sequence, say): the answer is capped below it
+    vals = [20 * GiB] * 5
+    peaks = [52 * GiB] * 5
+    ev = cuda(step=5, batch_size=32, trend=trend(vals, peaks), reserved_bytes=70 * GiB, allocated_bytes=50 * GiB, device_free_bytes=8 * GiB, request_bytes=2 * GiB)
+    est, info = workload_too_large.estimate_max_batch(ev)
+    assert info["source"] == "completed steps"
+    assert (info["fixed_bytes"], info["per_sample_bytes"], info["usable_bytes"]) == (20 * GiB, GiB, 78 * GiB)
+    assert est == 31
+    ev.kind = "none"  # the same numbers without an OOM: the uncapped estimate
+    assert workload_too_large.estimate_max_batch(ev)[0] == 58
+
+
+def test_message_alone_is_inconclusive_between_leak_and_batch() -> None:
+    d = diagnose(cuda())
+    assert d.verdict == "inconclusive"
+    assert {"tensor_leak", "workload_too_large"} <= set(d.candidates)
+    assert d.missing
