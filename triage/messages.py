@@ -1,0 +1,1124 @@
+"""Parser for every OOM-related message a training log or an exception text can hold.
+
+One pass over the text finds each CUDA out-of-memory, shared-memory (``/dev/shm``) and host-memory
+message, in order, and returns an :class:`OomMessage` per occurrence with the exact byte values it
+prints (see SNAPSHOT_FORMAT.md §4–5 for the formats):
+
+``cuda_oom``
+    ``pre-2.1`` ``Tried to allocate A (GPU d; T total capacity; X already allocated; F free;
+    [C allowed; ]R reserved in total by PyTorch)``; ``pre-2.1-cached`` the very old ``…; F free;
+    C cached)``; ``2.1`` ``GPU d has a total capacty of …`` (torch's typo); ``2.2+`` ``… total
+    capacity of …`` with NVML process lines, ``C allowed;`` and private pools; ``fraction-rejected``
+    (``Allocation was preemptively rejected …``); ``unknown`` (``CUDA out of memory`` with too little
+    text to tell the era, e.g. a truncated log); ``cuda-error`` (``CUDA error: out of memory``, the
+    driver/runtime/NCCL/cuBLAS spellings: no numbers); ``nvml-assert`` (``NVML_SUCCESS == r INTERNAL
+    ASSERT FAILED at …CUDACachingAllocator.cpp``, seen on MIG) and ``allocator-assert`` (any other
+    internal assert of that file, e.g. ``!handles_.at(i)`` under memory pressure); ``vgpu``
+    (HAMi-core's ``[HAMI-core ERROR (pid:P thread=T allocator.c:L)]: Device d OOM U / L``) and
+    ``vgpu-alloc-failed`` (``cuMemoryAllocate failed res=2``).
+``shm_exhausted``
+    ``shm-unable-to-write`` (``unable to write to file </torch_…>: No space left on device (28)``),
+    ``shm-unable-to-allocate`` (``unable to allocate shared memory(shm) for file <…>``),
+    ``shm-unable-to-mmap``, ``shm-no-space`` (a lone ``No space left on device (28)``, or ``[Errno 28]``
+    on a ``/dev/shm`` or ``torch_`` path), ``shm-bus-error`` (``DataLoader worker (pid N) is killed by
+    signal: Bus error``), ``shm-worker-bus-error`` (``Unexpected bus error encountered in worker …
+    (shm)``), ``shm-nccl`` (NCCL's ``failed to extend /dev/shm/nccl-… to N bytes``).
+``host_oom``
+    ``host-killed`` (``Killed`` alone on a line, accepted only when nothing but other host-OOM lines
+    follows it; or a shell job line ``line 3:  4242 Killed  python train.py``), ``host-oomkilled``
+    (``OOMKilled``), ``host-exit-137`` (``exit code 137`` and its spellings), ``host-sigkill``
+    (``exitcode: -9``, ``Signal 9 (SIGKILL) received by PID N``), ``host-kernel-oom`` (``Memory cgroup out
+    of memory: Killed process N (python)`` and its ``oom-kill:`` line), ``host-slurm-oom``,
+    ``host-worker-killed`` (a DataLoader worker killed by ``Killed``), ``host-cpu-alloc``
+    (``DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes``). Every message that
+    means a SIGKILL (killed, sigkill, kernel, worker-killed) carries ``exit_code`` 137, the shell's 128 + 9;
+    ``OOMKilled`` gets one only from an exit-code line beside it.
+
+Logs are taken as they come: ANSI colours, timestamps (ISO, CRI ``… stdout F``, syslog, dmesg,
+``[2024-05-01 12:00:00,123]``, glog), rank prefixes (``[rank3]:``, torchrun's ``[default3]:`` which is
+the *local* rank, ``3: `` and ``[3]:`` labels, mpirun's ``[1,3]<stdout>:``, ``rank 3:``) and Ray's
+``(pid=…)`` are stripped per line; an unprefixed line inside torchrun's error summary takes the rank of
+its ``rank : N (local_rank: M)`` entry. A torch message wrapped over several lines (each one prefixed
+again) is joined back: the following lines of the same stream are appended until the message is
+complete; a line break that a word-wrapper made (dropping the space) and one that cut a word or a number
+in two are told apart from the characters on both sides (see ``_join``).
+
+Duplicates: the same message is printed again by a traceback chain (``During handling of the above
+exception…``), by a ``logger.error(e)``, or by torchrun's error summary. Two occurrences are one when they
+carry the same data (every parsed number, process line and key detail, so a rewrapped copy still
+matches), their ranks agree (an occurrence without any rank agrees with any rank and takes the other's),
+and the later one starts at most ``DEDUPE_WINDOW_LINES`` after the earlier; an elastic-agent restart line
+(``… restart worker group``) ends the window, so an OOM that recurs after a restart counts again. Host
+evidence of one event is folded into one message: an ``exit code 137`` or SIGKILL line within
+``HOST_MERGE_LINES`` of an ``OOMKilled``/kernel/``Killed``/slurm line fills that message's ``exit_code``.
+A ``vgpu`` line stays its own entry and also fills ``vgpu_*`` of the next torch CUDA OOM of the same
+rank within ``VGPU_ATTACH_LINES``.
+
+Every pattern is anchored or bounded, and the text of a message is capped at ``MAX_TEXT`` characters,
+so the parse is linear in the input and never raises on arbitrary text.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_left, bisect_right
+from collections import deque
+from dataclasses import dataclass, field, fields
+
+from triage.units import parse_size
+
+__all__ = [
+    "DEDUPE_WINDOW_LINES",
+    "HOST_MERGE_LINES",
+    "MAX_TEXT",
+    "VGPU_ATTACH_LINES",
+    "OomMessage",
+    "ProcessUsage",
+    "non_pytorch_bytes",
+    "parse_message",
+    "parse_messages",
+    "split_processes",
+]
+
+CUDA_OOM = "cuda_oom"
+SHM_EXHAUSTED = "shm_exhausted"
+HOST_OOM = "host_oom"
+
+DEDUPE_WINDOW_LINES = 1000
+HOST_MERGE_LINES = 10
+VGPU_ATTACH_LINES = 200
+MAX_TEXT = 16384
+_MAX_CONT_LINES = 12  # continuation lines joined onto one message
+_MAX_CONT_SKIP = 40  # lines of other ranks skipped while looking for the next piece
+
+
+@dataclass(slots=True)
+class ProcessUsage:
+    """One NVML process line of a 2.1+ message."""
+
+    pid: int | None  # None for "this process" lines
+    used_bytes: int
+    this_process: bool  # "Including non-PyTorch memory, this process has X memory in use."
+
+
+@dataclass(slots=True)
+class OomMessage:
+    """One OOM / shm / host-OOM message found in a text. Sizes are exact bytes of what was printed."""
+
+    kind: str  # "cuda_oom" | "shm_exhausted" | "host_oom"
+    format: str  # see the module docstring
+    text: str  # the message, without log prefixes (torch messages: joined back when wrapped)
+    line_no: int | None = None  # 1-based line where it starts
+    rank: int | None = None  # global rank if known, else the local rank ([defaultN]:); extra["local_rank"]
+    exception_type: str | None = None  # "torch.OutOfMemoryError", "RuntimeError", …
+    device_index: int | None = None  # "GPU N" (HAMi: "Device N")
+    requested_bytes: int | None = None  # "Tried to allocate X": the allocator's segment request
+    total_bytes: int | None = None
+    free_bytes: int | None = None
+    allocated_bytes: int | None = None  # 2.2+: includes the private pools, as torch prints it
+    reserved_bytes: int | None = None  # old: "reserved in total"; 2.1+: allocated + unallocated
+    reserved_unallocated_bytes: int | None = None  # old: reserved - allocated; very old: "cached"
+    private_pool_bytes: int | None = None
+    allowed_bytes: int | None = None  # per-process fraction cap
+    cached_bytes: int | None = None  # very old "…; C cached)" (= reserved - allocated)
+    processes: list[ProcessUsage] = field(default_factory=list)
+    fraction_rejected: bool = False
+    vgpu_used_bytes: int | None = None  # HAMi prints usage + this request ("new_allocated")
+    vgpu_limit_bytes: int | None = None
+    exit_code: int | None = None  # 137 for exit code 137 and for SIGKILL
+    worker_pid: int | None = None  # DataLoader worker
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def parse_messages(text: str) -> list[OomMessage]:
+    """Every OOM/shm/host-OOM message in ``text`` (a whole log or one exception), in order."""
+    if not isinstance(text, str) or not text:
+        return []
+    return _Parser(text).run()
+
+
+def parse_message(text: str) -> OomMessage | None:
+    """The first message in ``text``, or None."""
+    found = parse_messages(text)
+    return found[0] if found else None
+
+
+def split_processes(msg: OomMessage, own_pids: set[int]) -> tuple[list[ProcessUsage], list[ProcessUsage]]:
+    """(own, others) among the message's NVML process lines.
+
+    A "this process" line is always own. Inside a container with its own PID namespace torch prints the
+    failing process itself as "Process PID has …", so without ``own_pids`` the caller cannot tell it from
+    a neighbour: compare with :func:`non_pytorch_bytes`.
+    """
+    own: list[ProcessUsage] = []
+    others: list[ProcessUsage] = []
+    for p in msg.processes:
+        if p.this_process or (p.pid is not None and p.pid in own_pids):
+            own.append(p)
+        else:
+            others.append(p)
+    return own, others
+
+
+def non_pytorch_bytes(msg: OomMessage) -> int | None:
+    """Device memory not reserved by this PyTorch process: total − free − reserved (≥ 0).
+
+    That is other processes, this process's CUDA context and non-PyTorch allocations together. Each of
+    the three numbers is printed with two decimals, so the result is exact only to about ±1.5 % of a
+    unit of the largest (±15 MiB for GiB values). None when a number is missing.
+    """
+    if msg.total_bytes is None or msg.free_bytes is None or msg.reserved_bytes is None:
+        return None
+    return max(0, msg.total_bytes - msg.free_bytes - msg.reserved_bytes)
+
+
+# --------------------------------------------------------------------------------------------- lines
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]{0,32}[A-Za-z]|\x1b\][^\x07\x1b]{0,256}(?:\x07|\x1b\\)?")
+
+# Prefixes stripped from the start of a line, again and again until none matches: timestamps and stream
+# tags ("ts") and rank prefixes (which set the line's rank). One alternation, every branch bounded.
+_PREFIX = re.compile(
+    "|".join(
+        (
+            # CRI (kubelet's log files): 2024-05-01T12:00:00.123456789Z stderr F
+            r"(?P<ts>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:Z|[+-]\d{2}:?\d{2}) (?:stdout|stderr) [FP] "
+            # ISO, [2024-05-01 12:00:00,123], 2024/05/01 12:00:00
+            r"|\[?\d{4}[-/]\d{2}[-/]\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?(?: ?(?:Z|UTC|[+-]\d{2}:?\d{2}))?\]?"
+            r"(?: {1,4}|:\s|\s?\|\s?|$)"
+            # syslog: May  1 12:00:00 host prog[12]:
+            r"|[A-Z][a-z]{2} {1,2}\d{1,2} \d{2}:\d{2}:\d{2}(?: [\w.-]{1,255} [\w./-]{1,64}(?:\[\d{1,10}\])?:)? ?"
+            # dmesg: [12345.678901]
+            r"|\[ {0,12}\d{1,10}\.\d{1,9}\] ?"
+            # glog: E0501 12:00:00.123456 140 file.cpp:12]
+            r"|\[?[IWEF]\d{4} \d{2}:\d{2}:\d{2}\.\d{1,9} {1,8}\d{1,10} [^\]\s]{1,200}\] ?"
+            # Ray: (pid=123) or (RayTrainWorker pid=123, ip=10.0.0.1)
+            r"|\((?:[\w.-]{1,64} )?pid=\d{1,10}(?:, ?ip=[\w.:-]{1,64})?\) ?)",
+            r"(?P<rank>\[[Rr]ank ?(?P<rank_n>\d{1,7})\]:? ?|[Rr]ank ?(?P<rank_w>\d{1,7}): )",
+            r"(?P<mpi>\[\d{1,7},(?P<mpi_n>\d{1,7})\]<(?:stdout|stderr)>: ?)",
+            r"(?P<label>\[(?P<label_b>\d{1,7})\]: ?(?=\S)| {0,6}(?P<label_n>\d{1,7}): (?=\S))",
+            r"(?P<role>\[[A-Za-z_][\w-]{0,63}?(?P<role_n>\d{1,7})\]: ?)",
+        )
+    )
+)
+
+# A continuation line may carry the same decoration as the message's first line: "# " in a comment,
+# "> " in a quote, pytest's "E   ".
+_DECO = re.compile(r"(?:#{1,4}|>{1,4}|E|\||//) {1,8}")
+
+
+@dataclass(slots=True)
+class _Line:
+    content: str  # without ANSI colours, prefixes and trailing whitespace
+    g: int | None  # global rank from a prefix
+    lr: int | None  # local rank from a prefix
+    sig: tuple[str, ...]  # kinds of prefixes stripped, in order
+
+
+def _strip_line(raw: str) -> _Line:
+    s = raw
+    if "\r" in s:
+        parts = [p for p in s.split("\r") if p.strip()]
+        s = parts[-1] if parts else ""
+    if "\x1b" in s:
+        s = _ANSI.sub("", s)
+    g: int | None = None
+    lr: int | None = None
+    sig: list[str] = []
+    for _ in range(8):
+        m = _PREFIX.match(s)
+        if m is None or m.end() == 0:
+            break
+        kind = m.lastgroup or "ts"
+        if kind == "role":
+            if lr is None:
+                lr = int(m.group("role_n"))
+        elif kind != "ts" and (g is None or kind == "rank"):
+            n = m.group("rank_n") or m.group("rank_w") or m.group("mpi_n")
+            g = int(n or m.group("label_b") or m.group("label_n"))
+        sig.append(kind)
+        s = s[m.end() :]
+    return _Line(s.rstrip(), g, lr, tuple(sig))
+
+
+# --------------------------------------------------------------------------------------------- sizes
+
+_NUM = r"(\d{1,20}(?:\.\d{1,6})?)"
+_SIZE = _NUM + r" ?(bytes|KiB|MiB|GiB|TiB)\b"
+_RE_TRIED = re.compile(r"Tried to allocate " + _SIZE)
+_RE_OLD_GPU = re.compile(r"\(GPU (\d{1,4});")
+_RE_OLD_TOTAL = re.compile(_SIZE + r" total capacity")
+_RE_OLD_ALLOC = re.compile(_SIZE + r" already allocated")
+_RE_OLD_FREE = re.compile(_SIZE + r" free[;)]")
+_RE_ALLOWED = re.compile(_SIZE + r" allowed;")
+_RE_OLD_RESERVED = re.compile(_SIZE + r" reserved in total by PyTorch")
+_RE_OLD_CACHED = re.compile(_SIZE + r" cached\)")
+_RE_NEW_TOTAL = re.compile(r"GPU (\d{1,4}) has a total (capacity|capacty) of " + _SIZE)
+_RE_NEW_FREE = re.compile(r"of which " + _SIZE + r" is free")
+_RE_PROC = re.compile(r"(?:Process (\d{1,10})|this process) has " + _SIZE + r" memory in use")
+_RE_NEW_ALLOC = re.compile(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch")
+_RE_PRIVATE = re.compile(r"with " + _SIZE + r" allocated in private pools")
+_RE_UNALLOC = re.compile(_SIZE + r" is reserved by PyTorch but unallocated")
+
+
+def _size(m: re.Match[str], i: int) -> int:
+    return parse_size(m.group(i), m.group(i + 1))
+
+
+# ------------------------------------------------------------------------------------------ detection
+
+_TRIGGER = re.compile(
+    r"out of memory|internal assert failed|hami-core|unable to (?:write|allocate|mmap)|no space left"
+    r"|killed|bus error|oomkill|(?<!\d)137(?!\d)|sigkill|exitcode|cublas_status_alloc_failed|failed to extend"
+    r"|oom[-_]kill|defaultcpuallocator|preemptively|cuda_error_out_of_memory|cudaerrormemoryallocation",
+    re.IGNORECASE,
+)
+_RE_TORCH = re.compile(r"(?<![\w])(CUDA|HIP) out of memory")
+_RE_CUDA_ERR = re.compile(
+    r"(?:CUDA|HIP) (?:driver )?error: (?:out of memory|CUBLAS_STATUS_ALLOC_FAILED)"
+    r"|cuda runtime error \(2\) ?: out of memory"
+    r"|Cuda failure (?:\d{1,4} )?'out of memory'"
+    r"|CUBLAS_STATUS_ALLOC_FAILED|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation"
+)
+_RE_ASSERT = re.compile(
+    r"INTERNAL ASSERT FAILED at \"?([^\"\s]{0,512}CUDACachingAllocator\.cpp)\"?:(\d{1,7})"
+)
+_RE_HAMI = re.compile(r"\[HAMI-core ERROR([^\]\n]{0,300})\]: ?Device (\d{1,4}) OOM (\d{1,24}) ?/ ?(\d{1,24})")
+_RE_HAMI_ALLOC = re.compile(r"\[HAMI-core ERROR([^\]\n]{0,300})\]: ?cuMemoryAllocate failed res=2\b")
+_RE_HAMI_PID = re.compile(r"pid:(\d{1,10})")
+_RE_HAMI_LOC = re.compile(r"([\w.-]{1,64}\.c(?:pp)?:\d{1,7})\)?$")
+_ERRNO_TAIL = r"(?:: ?([^()<>]{0,200}?) ?\((\d{1,5})\))?"
+_RE_SHM_WRITE = re.compile(r"unable to write to file <([^<>]{0,4096})>" + _ERRNO_TAIL)
+_RE_SHM_ALLOC = re.compile(
+    r"unable to allocate shared memory\(shm\) for file <([^<>]{0,4096})>" + _ERRNO_TAIL
+)
+_RE_SHM_MMAP = re.compile(r"unable to mmap (\d{1,24}) bytes from file <([^<>]{0,4096})>" + _ERRNO_TAIL)
+_RE_NOSPACE = re.compile(r"No space left on device \(28\)")
+_RE_ERRNO28 = re.compile(r"\[Errno 28\] No space left on device(?:: ?'([^']{0,4096})')?")
+_RE_NCCL_SHM = re.compile(r"failed to extend (/dev/shm/[^\s]{1,4096}) to (\d{1,24}) bytes")
+_RE_DL_SIGNAL = re.compile(
+    r"DataLoader worker \(pid (\d{1,10})\) is killed by signal: ([A-Za-z][A-Za-z ]{0,40}?)\."
+)
+_RE_WORKER_BUS = re.compile(r"Unexpected bus error encountered in worker", re.IGNORECASE)
+_RE_KERNEL = re.compile(
+    r"(Memory cgroup out of memory|Out of memory)(?: \(oom_kill_allocating_task\))?: "
+    r"Kill(?:ed)? process (\d{1,10}) \(([^()]{0,64})\)"
+)
+_RE_OOM_KILL_LINE = re.compile(r"oom-kill:constraint=(\w{1,64}),")
+_RE_OOM_KILL_TASK = re.compile(r",task=([^,\s]{1,64}),pid=(\d{1,10})")
+_RE_ANON_RSS = re.compile(r"anon-rss:(\d{1,20})kB")
+_RE_OOMKILLED = re.compile(r"(?<![\w])OOMKill(?:ed|ing)(?![\w])")
+_RE_EXIT137 = re.compile(
+    r"(?<![\w])(?:exit(?:ed)?(?: with)?[ _]?(?:code|status)|exitcode|return ?code|returncode)"
+    r"[\"']?\s{0,40}[:=]?\s{0,40}137(?!\d|\.\d)",
+    re.IGNORECASE,
+)
+_RE_SIGKILL = re.compile(
+    r"exitcode\s{0,10}:\s{0,10}-9(?!\d)|Signal 9 \(SIGKILL\) received by PID (\d{1,10})"
+    r"|terminated with signal SIGKILL|signal: killed|<Signals\.SIGKILL: 9>"
+)
+_RE_PID_PAREN = re.compile(r"\(pid: ?(\d{1,10})\)")
+_RE_LOCAL_RANK = re.compile(r"(?<![\w])local_rank ?[:=] ?(\d{1,7})")
+_RE_BASH_KILLED = re.compile(r"(?:(?<![\w])line \d{1,7}: {1,10}(\d{1,10})|^\[\d{1,5}\][+-]?) {1,30}Killed\b")
+_RE_SLURM_EVENT = re.compile(r"Detected (\d{1,7}) oom[-_]kill events? in (?:StepId=)?([\w.]{1,64})")
+_RE_SLURM_TASK = re.compile(r"task (\d{1,7}): Out Of Memory")
+_RE_CPU_ALLOC = re.compile(
+    r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory): you tried to allocate (\d{1,24}) bytes"
+)
+_RE_EXC_END = re.compile(r"(?<![\w.])([A-Za-z_][\w.]{0,150}(?:Error|Exception|Interrupt))(?::\s*|\(['\"]?)$")
+_RE_EXC_ANY = re.compile(r"(?<![\w.])([A-Za-z_][\w.]{0,150}(?:Error|Exception|Interrupt)): ")
+_RE_EXC_LINE = re.compile(r"\s{0,16}([A-Za-z_][\w.]{0,150}(?:Error|Exception|Interrupt)): ")
+_RE_RANK_WORD = re.compile(r"(?<![\w])rank[\s:=#_-]{0,3}(\d{1,7})(?![\d])", re.IGNORECASE)
+
+# How a torch message ends: the numbers ("core") and then the hint.
+_RE_CORE_END = re.compile(
+    r"(?:reserved in total by PyTorch|cached)\)|is reserved by PyTorch but unallocated\.?"
+    r"|per_process_memory_fraction limit\.?"
+)
+_RE_HINT_END = re.compile(r"Memory Management and PYTORCH_CUDA_ALLOC_CONF|\(https?://[^()\s]{1,300}\)")
+_HINT_STARTS = ("If reserved", "See documentation", "PYTORCH_CUDA_ALLOC_CONF", "(https://", "fragmentation")
+_RE_NEW_RECORD = re.compile(
+    r"(?:Traceback \(most recent|File \"|During handling|The above exception|\[?[IWEF]\d{4} "
+    r"|(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\b"
+    r"|[A-Za-z_][\w.]{0,150}(?:Error|Exception|Warning|Interrupt)\b)"
+)
+
+_HOST_PRIORITY = {
+    "host-kernel-oom": 0,
+    "host-oomkilled": 1,
+    "host-slurm-oom": 2,
+    "host-killed": 3,
+    "host-worker-killed": 4,
+    "host-cpu-alloc": 5,
+    "host-sigkill": 6,
+    "host-exit-137": 7,
+}
+_HOST_STRONG = frozenset({"host-kernel-oom", "host-oomkilled", "host-slurm-oom", "host-killed"})
+_HOST_WEAK = frozenset({"host-sigkill", "host-exit-137"})
+_TORCH_FORMATS = frozenset({"pre-2.1", "pre-2.1-cached", "2.1", "2.2+", "fraction-rejected", "unknown"})
+
+
+@dataclass(slots=True)
+class _Hit:
+    start: int  # column in the line's content where the message text starts
+    msg: OomMessage
+    end: int = -1  # column where the text ends (-1: end of line)
+    torch: bool = False  # a torch allocator message: may continue on the following lines
+    killed_alone: bool = False  # "Killed" alone: accepted only at the end of the output
+    g: int | None = None  # rank named by the message itself (slurm "task N")
+    lr: int | None = None  # local rank named by the line (torchrun agent "local_rank: N")
+
+
+def _exc_before(content: str, start: int) -> str | None:
+    """The exception type printed right before ``start`` ("torch.OutOfMemoryError: …")."""
+    pre = content[max(0, start - 200) : start].rstrip()
+    m = _RE_EXC_END.search(pre)
+    return m.group(1) if m else None
+
+
+def _detect(content: str) -> list[_Hit]:
+    """The messages that start on one line (content without prefixes), by column."""
+    if not content:
+        return []
+    low = content.lower()
+    hits: list[_Hit] = []
+    if "out of memory" in low:
+        hits.extend(_detect_torch(content))
+    if "cuda" in low or "cublas" in low or "hip error" in low:
+        m = _RE_CUDA_ERR.search(content)
+        if m and (m.start() == 0 or content[m.start() - 1] not in "\"'"):
+            hits.append(_Hit(m.start(), OomMessage(CUDA_OOM, "cuda-error", "", extra={"error": m.group(0)})))
+    if "internal assert failed" in low:
+        hits.extend(_detect_assert(content))
+    if "hami-core" in low:
+        hits.extend(_detect_hami(content))
+    if "unable to" in low or "no space left" in low or "failed to extend" in low:
+        hits.extend(_detect_shm_files(content))
+    if "killed by signal" in low:
+        m = _RE_DL_SIGNAL.search(content)
+        if m:
+            sig = m.group(2)
+            pid = int(m.group(1))
+            if sig == "Bus error":
+                msg = OomMessage(SHM_EXHAUSTED, "shm-bus-error", "", worker_pid=pid, extra={"signal": sig})
+                hits.append(_Hit(m.start(), msg))
+            elif sig == "Killed":
+                msg = OomMessage(HOST_OOM, "host-worker-killed", "", worker_pid=pid, exit_code=137)
+                msg.extra["signal"] = sig
+                hits.append(_Hit(m.start(), msg))
+    if "bus error" in low:
+        m = _RE_WORKER_BUS.search(content)
+        if m:
+            hits.append(_Hit(m.start(), OomMessage(SHM_EXHAUSTED, "shm-worker-bus-error", "")))
+    if "defaultcpuallocator" in low:
+        m = _RE_CPU_ALLOC.search(content)
+        if m:
+            msg = OomMessage(HOST_OOM, "host-cpu-alloc", "", requested_bytes=int(m.group(1)))
+            hits.append(_Hit(m.start(), msg))
+    hits.extend(_detect_host(content, low))
+    hits.sort(key=lambda h: h.start)
+    return hits
+
+
+def _detect_torch(content: str) -> list[_Hit]:
+    found: list[tuple[int, str]] = []
+    lead = len(content) - len(content.lstrip())
+    for n, m in enumerate(_RE_TORCH.finditer(content)):
+        if n >= 256 or len(found) >= 64:
+            break
+        after = content[m.end() : m.end() + 40]
+        ok = after.startswith((". Tried to allocate", ". Allocation was preemptively"))
+        if not ok:
+            ok = m.start() == lead or _exc_before(content, m.start()) is not None
+        if ok:
+            found.append((m.start(), m.group(1)))
+    hits: list[_Hit] = []
+    for k, (start, backend) in enumerate(found):
+        end = found[k + 1][0] if k + 1 < len(found) else -1
+        msg = OomMessage(CUDA_OOM, "unknown", "")
+        if backend != "CUDA":
+            msg.extra["backend"] = backend
+        hits.append(_Hit(start, msg, end=end, torch=True))
+    return hits
+
+
+def _detect_assert(content: str) -> list[_Hit]:
+    m = _RE_ASSERT.search(content)
+    if not m:
+        return []
+    pre = content[max(0, m.start() - 300) : m.start()]
+    base = m.start() - len(pre)
+    start = m.start()
+    exc: str | None = None
+    for e in _RE_EXC_ANY.finditer(pre):
+        exc, start = e.group(1), base + e.end()
+    if exc is None:  # no "RuntimeError: " before it: the condition starts at "NVML…" or the line start
+        i = pre.rfind("NVML")
+        if i >= 0:
+            start = base + i
+        elif base == 0:
+            start = len(pre) - len(pre.lstrip())
+    cond = content[start : m.start()].strip()
+    fmt = "nvml-assert" if "NVML" in cond else "allocator-assert"
+    msg = OomMessage(CUDA_OOM, fmt, "", exception_type=exc)
+    msg.extra.update({"assert": cond[:300], "file": m.group(1), "line": m.group(2)})
+    return [_Hit(start, msg)]
+
+
+def _detect_hami(content: str) -> list[_Hit]:
+    hits: list[_Hit] = []
+    m = _RE_HAMI.search(content)
+    if m:
+        used, limit = int(m.group(3)), int(m.group(4))
+        msg = OomMessage(CUDA_OOM, "vgpu", "", device_index=int(m.group(2)))
+        msg.vgpu_used_bytes, msg.vgpu_limit_bytes = used, limit
+        _hami_extra(msg, m.group(1))
+        if used >= 2**63:
+            msg.extra["vgpu_used_wrapped"] = "true"  # HAMi's unsigned usage counter underflowed
+        hits.append(_Hit(m.start(), msg))
+    m = _RE_HAMI_ALLOC.search(content)
+    if m:
+        msg = OomMessage(CUDA_OOM, "vgpu-alloc-failed", "", extra={"cuda_result": "2"})
+        _hami_extra(msg, m.group(1))
+        hits.append(_Hit(m.start(), msg))
+    return hits
+
+
+def _hami_extra(msg: OomMessage, bracket: str) -> None:
+    msg.extra["layer"] = "HAMi-core"
+    p = _RE_HAMI_PID.search(bracket)
+    if p:
+        msg.extra["pid"] = p.group(1)
+    loc = _RE_HAMI_LOC.search(bracket.strip())
+    if loc:
+        msg.extra["location"] = loc.group(1)
+
+
+def _errno_extra(msg: OomMessage, m: re.Match[str], first: int) -> None:
+    """Fill path/error/errno from groups (path, error, errno) starting at ``first``."""
+    msg.extra["path"] = m.group(first)
+    if m.group(first + 2):
+        msg.extra["error"] = (m.group(first + 1) or "").strip()
+        msg.extra["errno"] = m.group(first + 2)
+
+
+def _detect_shm_files(content: str) -> list[_Hit]:
+    hits: list[_Hit] = []
+    covered = False
+    m = _RE_SHM_WRITE.search(content)
+    if m:
+        msg = OomMessage(SHM_EXHAUSTED, "shm-unable-to-write", "")
+        _errno_extra(msg, m, 1)
+        hits.append(_Hit(m.start(), msg))
+        covered = True
+    m = _RE_SHM_ALLOC.search(content)
+    if m:
+        msg = OomMessage(SHM_EXHAUSTED, "shm-unable-to-allocate", "")
+        _errno_extra(msg, m, 1)
+        hits.append(_Hit(m.start(), msg))
+        covered = True
+    m = _RE_SHM_MMAP.search(content)
+    if m:
+        msg = OomMessage(SHM_EXHAUSTED, "shm-unable-to-mmap", "", requested_bytes=int(m.group(1)))
+        _errno_extra(msg, m, 2)
+        hits.append(_Hit(m.start(), msg))
+        covered = True
+    if not covered:
+        m = _RE_NOSPACE.search(content)
+        if m:
+            msg = OomMessage(SHM_EXHAUSTED, "shm-no-space", "", extra={"errno": "28"})
+            hits.append(_Hit(_error_start(content, m.start()), msg))
+        else:
+            e = _RE_ERRNO28.search(content)
+            path = e.group(1) if e else None
+            if e and path and ("/dev/shm" in path or "torch_" in path):
+                msg = OomMessage(SHM_EXHAUSTED, "shm-no-space", "", extra={"errno": "28", "path": path})
+                hits.append(_Hit(_error_start(content, e.start()), msg))
+    m = _RE_NCCL_SHM.search(content)
+    if m:
+        msg = OomMessage(SHM_EXHAUSTED, "shm-nccl", "", requested_bytes=int(m.group(2)))
+        msg.extra["path"] = m.group(1)
+        hits.append(_Hit(m.start(), msg))
+    return hits
+
+
+def _error_start(content: str, pos: int) -> int:
+    """Start a text at the exception type before ``pos`` when there is one on the line."""
+    pre = content[max(0, pos - 300) : pos]
+    start = pos
+    for e in _RE_EXC_ANY.finditer(pre):
+        start = pos - len(pre) + e.end()
+    return start
+
+
+def _detect_host(content: str, low: str) -> list[_Hit]:
+    hits: list[_Hit] = []
+    if "out of memory" in low:
+        m = _RE_KERNEL.search(content)
+        if m:
+            msg = OomMessage(HOST_OOM, "host-kernel-oom", "", exit_code=137)
+            msg.extra.update({"pid": m.group(2), "process": m.group(3), "signal": "SIGKILL"})
+            if m.group(1).startswith("Memory cgroup"):
+                msg.extra["cgroup"] = "true"
+            rss = _RE_ANON_RSS.search(content, m.end())
+            if rss:
+                msg.extra["anon_rss_bytes"] = str(int(rss.group(1)) * 1024)
+            hits.append(_Hit(m.start(), msg))
+        m = _RE_SLURM_TASK.search(content)
+        if m:
+            hits.append(_Hit(0, OomMessage(HOST_OOM, "host-slurm-oom", ""), g=int(m.group(1))))
+    if "oom-kill" in low or "oom_kill" in low:
+        m = _RE_OOM_KILL_LINE.search(content)
+        if m:
+            t = _RE_OOM_KILL_TASK.search(content, m.end())
+            if t:
+                msg = OomMessage(HOST_OOM, "host-kernel-oom", "", exit_code=137)
+                msg.extra.update({"pid": t.group(2), "process": t.group(1), "signal": "SIGKILL"})
+                msg.extra["constraint"] = m.group(1)
+                if "MEMCG" in m.group(1):
+                    msg.extra["cgroup"] = "true"
+                hits.append(_Hit(m.start(), msg))
+        m = _RE_SLURM_EVENT.search(content)
+        if m:
+            msg = OomMessage(HOST_OOM, "host-slurm-oom", "", extra={"events": m.group(1)})
+            msg.extra["step"] = m.group(2).rstrip(".")
+            hits.append(_Hit(0, msg))
+    if "oomkill" in low and _RE_OOMKILLED.search(content):
+        hits.append(_Hit(0, OomMessage(HOST_OOM, "host-oomkilled", "")))
+    if "137" in low:
+        m = _RE_EXIT137.search(content)
+        if m:
+            hits.append(_Hit(0, OomMessage(HOST_OOM, "host-exit-137", "", exit_code=137)))
+    if "kill" in low or "exitcode" in low:
+        m = _RE_SIGKILL.search(content)
+        if m:
+            msg = OomMessage(HOST_OOM, "host-sigkill", "", exit_code=137, extra={"signal": "SIGKILL"})
+            pid = m.group(1)
+            if pid is None:
+                p = _RE_PID_PAREN.search(content)
+                pid = p.group(1) if p else None
+            if pid is not None:
+                msg.extra["pid"] = pid
+            lr = _RE_LOCAL_RANK.search(content)
+            hits.append(_Hit(0, msg, lr=int(lr.group(1)) if lr else None))
+        stripped = content.strip()
+        if stripped in ("Killed", "Killed."):
+            hits.append(_Hit(0, OomMessage(HOST_OOM, "host-killed", "", exit_code=137), killed_alone=True))
+        else:
+            m = _RE_BASH_KILLED.search(content)
+            if m:
+                msg = OomMessage(HOST_OOM, "host-killed", "", exit_code=137, extra={"signal": "SIGKILL"})
+                if m.group(1):
+                    msg.extra["pid"] = m.group(1)
+                hits.append(_Hit(0, msg))
+    if len(hits) > 1:  # several spellings of one host event on one line: keep the most specific
+        hits.sort(key=lambda h: _HOST_PRIORITY.get(h.msg.format, 99))
+        best = hits[0]
+        for h in hits[1:]:
+            _fill(best.msg, h.msg)
+            best.g = best.g if best.g is not None else h.g
+            best.lr = best.lr if best.lr is not None else h.lr
+        hits = [best]
+    return hits
+
+
+# ------------------------------------------------------------------------------------------ torch text
+
+
+def _fill_torch(msg: OomMessage, text: str) -> None:
+    """Parse the numbers of a torch allocator message into ``msg`` (sets ``format`` too)."""
+    norm = " ".join(text.split())
+    m = _RE_TRIED.search(norm)
+    if m:
+        msg.requested_bytes = _size(m, 1)
+    msg.fraction_rejected = "preemptively rejected" in norm
+    old = _RE_OLD_GPU.search(norm)
+    new = _RE_NEW_TOTAL.search(norm)
+    fmt = "unknown"
+    if old and (new is None or old.start() < new.start()):
+        pos = old.start()
+        msg.device_index = int(old.group(1))
+        if m := _RE_OLD_TOTAL.search(norm, pos):
+            msg.total_bytes = _size(m, 1)
+        if m := _RE_OLD_ALLOC.search(norm, pos):
+            msg.allocated_bytes = _size(m, 1)
+        if m := _RE_OLD_FREE.search(norm, pos):
+            msg.free_bytes = _size(m, 1)
+        if m := _RE_ALLOWED.search(norm, pos):
+            msg.allowed_bytes = _size(m, 1)
+        fmt = "pre-2.1"
+        if m := _RE_OLD_RESERVED.search(norm, pos):
+            msg.reserved_bytes = _size(m, 1)
+            if msg.allocated_bytes is not None:
+                msg.reserved_unallocated_bytes = msg.reserved_bytes - msg.allocated_bytes
+        elif m := _RE_OLD_CACHED.search(norm, pos):
+            # torch ≤ 1.3: "cached" is memory held by the allocator but not allocated (reserved − allocated)
+            fmt = "pre-2.1-cached"
+            msg.cached_bytes = msg.reserved_unallocated_bytes = _size(m, 1)
+            if msg.allocated_bytes is not None:
+                msg.reserved_bytes = msg.allocated_bytes + msg.cached_bytes
+    elif new:
+        pos = new.start()
+        msg.device_index = int(new.group(1))
+        msg.total_bytes = _size(new, 3)
+        fmt = "2.1" if new.group(2) == "capacty" else "2.2+"
+        if m := _RE_NEW_FREE.search(norm, pos):
+            msg.free_bytes = _size(m, 1)
+        for p in _RE_PROC.finditer(norm, pos):
+            pid = int(p.group(1)) if p.group(1) else None
+            msg.processes.append(ProcessUsage(pid, _size(p, 2), pid is None))
+        if m := _RE_ALLOWED.search(norm, pos):
+            msg.allowed_bytes = _size(m, 1)
+        if m := _RE_NEW_ALLOC.search(norm, pos):
+            msg.allocated_bytes = _size(m, 1)
+        if m := _RE_PRIVATE.search(norm, pos):
+            msg.private_pool_bytes = _size(m, 1)
+        if m := _RE_UNALLOC.search(norm, pos):
+            msg.reserved_unallocated_bytes = _size(m, 1)
+            if msg.allocated_bytes is not None:
+                msg.reserved_bytes = msg.allocated_bytes + msg.reserved_unallocated_bytes
+    if msg.fraction_rejected:
+        fmt = "fraction-rejected"
+    msg.format = fmt
+
+
+def _last(rx: re.Pattern[str], s: str) -> re.Match[str] | None:
+    """The last match of ``rx`` in ``s``."""
+    tail = deque(rx.finditer(s), maxlen=1)
+    return tail[0] if tail else None
+
+
+def _trim_torch(text: str) -> str:
+    """Cut what follows the end of the message on its line (a JSON log's closing quote, …)."""
+    m = _last(_RE_HINT_END, text)
+    if m is not None:
+        return text[: m.end()]
+    m = _last(_RE_CORE_END, text)
+    if m is not None and not text[m.end() :].lstrip().startswith(_HINT_STARTS):
+        return text[: m.end()]
+    return text.rstrip()
+
+
+# Words of torch's templates: a line break between two pieces that only make one of these together
+# cut a word in two ("capa|city"); otherwise it replaced a space.
+_VOCAB = frozenset(
+    {
+        "tried",
+        "allocate",
+        "allocated",
+        "already",
+        "total",
+        "capacity",
+        "capacty",
+        "free",
+        "reserved",
+        "pytorch",
+        "cached",
+        "allowed",
+        "which",
+        "process",
+        "memory",
+        "including",
+        "non",
+        "this",
+        "private",
+        "pools",
+        "graphs",
+        "unallocated",
+        "documentation",
+        "management",
+        "fragmentation",
+        "setting",
+        "expandable",
+        "segments",
+        "environment",
+        "variables",
+        "preemptively",
+        "rejected",
+        "because",
+        "exceed",
+        "limit",
+        "fraction",
+        "large",
+        "avoid",
+        "try",
+        "see",
+        "has",
+        "and",
+        "with",
+        "use",
+        "the",
+        "if",
+        "out",
+        "gpu",
+        "cuda",
+        "bytes",
+        "kib",
+        "mib",
+        "gib",
+        "tib",
+        "docs",
+        "stable",
+        "notes",
+        "html",
+        "https",
+        "pytorch_cuda_alloc_conf",
+        "max_split_size_mb",
+        "true",
+    }
+)
+_RE_TAIL_WORD = re.compile(r"[A-Za-z]{1,40}$")
+_RE_HEAD_WORD = re.compile(r"[A-Za-z]{1,40}")
+
+
+def _join(a: str, b: str) -> str:
+    """Join two pieces of one wrapped message."""
+    if not a:
+        return b
+    if not b:
+        return a
+    x, y = a[-1], b[0]
+    if x.isspace() or y.isspace():
+        return a + b
+    glue = " "
+    if (x.isdigit() and (y.isdigit() or y == ".")) or (x == "." and y.isdigit()):
+        glue = ""  # a number cut in two: torch never prints two numbers side by side
+    elif x.isalpha() and y.isalpha():
+        t = _RE_TAIL_WORD.search(a)
+        h = _RE_HEAD_WORD.match(b)
+        if t and h:
+            tw, hw = t.group(0).lower(), h.group(0).lower()
+            if (tw + hw) in _VOCAB and not (tw in _VOCAB and hw in _VOCAB):
+                glue = ""
+    elif (x.isalnum() and y in ".;,):") or x in "(_/-=:#<" or y in "_/-=#>":
+        glue = ""
+    return a + glue + b
+
+
+def _core_complete(text: str) -> bool:
+    return _RE_CORE_END.search(text) is not None
+
+
+def _needs_hint(text: str) -> bool:
+    """The hint sentence has started but not ended."""
+    i = text.find("If reserved")
+    return i >= 0 and _RE_HINT_END.search(text, i) is None
+
+
+# --------------------------------------------------------------------------------------------- parser
+
+
+@dataclass(slots=True)
+class _Found:
+    msg: OomMessage
+    g: int | None
+    lr: int | None
+    line: int  # 0-based
+    col: int
+    last_line: int  # last line of this message or of a duplicate merged into it
+
+
+def _compatible(a: _Found, b: _Found) -> bool:
+    """Whether two occurrences may come from the same rank."""
+    if (a.g is None and a.lr is None) or (b.g is None and b.lr is None):
+        return True
+    if a.g is not None and b.g is not None and a.g != b.g:
+        return False
+    if a.lr is not None and b.lr is not None and a.lr != b.lr:
+        return False
+    return (a.g is not None and a.g == b.g) or (a.lr is not None and a.lr == b.lr)
+
+
+def _fill(dst: OomMessage, src: OomMessage) -> None:
+    """Fill what ``dst`` lacks from ``src`` (another occurrence or spelling of the same event)."""
+    for name in _FILLABLE:
+        if getattr(dst, name) is None:
+            v = getattr(src, name)
+            if v is not None:
+                setattr(dst, name, v)
+    if not dst.processes and src.processes:
+        dst.processes = list(src.processes)
+    for k, v in src.extra.items():
+        dst.extra.setdefault(k, v)
+
+
+_FILLABLE = tuple(
+    f.name
+    for f in fields(OomMessage)
+    if f.name not in ("kind", "format", "text", "line_no", "rank", "processes", "extra", "fraction_rejected")
+)
+
+
+def _key(m: OomMessage) -> tuple[object, ...]:
+    """What makes two occurrences the same message (the data, not the wrapping of the text)."""
+    extra = tuple(sorted((k, v) for k, v in m.extra.items() if k != "local_rank"))
+    if m.kind == CUDA_OOM:
+        procs = tuple((p.pid, p.used_bytes, p.this_process) for p in m.processes)
+        return (
+            m.kind,
+            m.format,
+            m.device_index,
+            m.requested_bytes,
+            m.total_bytes,
+            m.free_bytes,
+            m.allocated_bytes,
+            m.reserved_bytes,
+            m.reserved_unallocated_bytes,
+            m.private_pool_bytes,
+            m.allowed_bytes,
+            m.cached_bytes,
+            m.fraction_rejected,
+            procs,
+            m.vgpu_used_bytes,
+            m.vgpu_limit_bytes,
+            extra,
+        )
+    pid_like = tuple(m.extra.get(k) for k in ("pid", "path", "process", "step"))
+    return (m.kind, m.format, m.worker_pid, m.requested_bytes, pid_like)
+
+
+_RE_SUMMARY_RANK = re.compile(r"(?<![\w])rank\s{0,20}: (\d{1,7}) \(local_rank: (\d{1,7})\)")
+_RE_SUMMARY_HEAD = re.compile(r"^\s{0,8}\[\d{1,7}\]:\s*$")
+_RE_RULE = re.compile(r"(?:={20,}|-{20,})\s*$")
+_RE_RESTART = re.compile(r"will restart worker group|[Rr]estarting worker group|Restarting workers")
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.lines = text.split("\n")
+        self._cache: dict[int, _Line] = {}
+
+    def line(self, i: int) -> _Line:
+        got = self._cache.get(i)
+        if got is None:
+            got = _strip_line(self.lines[i])
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            self._cache[i] = got
+        return got
+
+    def run(self) -> list[OomMessage]:
+        found: list[_Found] = []
+        killed: list[_Found] = []
+        host_lines: set[int] = set()
+        consumed: set[int] = set()
+        restarts: list[int] = []
+        ctx: tuple[int, int] | None = None  # torchrun error summary entry: (rank, local_rank)
+        for i, raw in enumerate(self.lines):
+            if "rank" in raw and "local_rank" in raw:
+                s = _RE_SUMMARY_RANK.search(raw)
+                if s:
+                    ctx = (int(s.group(1)), int(s.group(2)))
+            elif (("====" in raw or "----" in raw) and _RE_RULE.search(raw)) or (
+                "]:" in raw and _RE_SUMMARY_HEAD.match(raw)
+            ):
+                ctx = None
+            if "estart" in raw and _RE_RESTART.search(raw):
+                restarts.append(i)
+            if i in consumed or not _TRIGGER.search(raw):
+                continue
+            ln = self.line(i)
+            hits = _detect(ln.content)
+            for k, hit in enumerate(hits):
+                msg = hit.msg
+                msg.line_no = i + 1
+                content = ln.content
+                end = len(content) if hit.end < 0 else hit.end
+                if hit.torch:
+                    later = [h.start for h in hits[k + 1 :] if h.start > hit.start]
+                    end = min([end, *later])
+                    text = content[hit.start : end]
+                    if not later:
+                        text = self._continue(i, ln, text, consumed)
+                    text = _trim_torch(text[:MAX_TEXT])
+                    _fill_torch(msg, text)
+                else:
+                    text = content[hit.start : end].strip()[:MAX_TEXT]
+                msg.text = text
+                if msg.exception_type is None:
+                    msg.exception_type = _exc_before(content, hit.start)
+                if msg.exception_type is None and hit.start > 0:  # "RuntimeError: step 3 failed: CUDA out…"
+                    e = _RE_EXC_LINE.match(content)
+                    msg.exception_type = e.group(1) if e and e.end() <= hit.start else None
+                g, lr = ln.g, ln.lr
+                if g is None and lr is None:
+                    if hit.g is not None or hit.lr is not None:
+                        g, lr = hit.g, hit.lr
+                    elif ctx is not None:
+                        g, lr = ctx
+                    else:
+                        w = _last(_RE_RANK_WORD, content[max(0, hit.start - 200) : hit.start])
+                        if w is not None:
+                            g = int(w.group(1))
+                f = _Found(msg, g, lr, i, hit.start, i)
+                if msg.kind == HOST_OOM:
+                    host_lines.add(i)
+                if hit.killed_alone:
+                    killed.append(f)
+                else:
+                    found.append(f)
+        if killed:
+            found.extend(self._killed_at_end(killed, host_lines))
+            found.sort(key=lambda f: (f.line, f.col))
+        found = _dedupe(found, restarts)
+        found = _merge_host(found)
+        _attach_vgpu(found)
+        out: list[OomMessage] = []
+        for f in found:
+            f.msg.rank = f.g if f.g is not None else f.lr
+            if f.lr is not None:
+                f.msg.extra["local_rank"] = str(f.lr)
+            out.append(f.msg)
+        return out
+
+    def _continue(self, i: int, first: _Line, text: str, consumed: set[int]) -> str:
+        """Append the following lines of the same stream while the message is not complete."""
+        if _core_complete(text) and not _needs_hint(text):
+            nxt = self._next_same(i, first)
+            if nxt is None or not nxt[1].lstrip().startswith("If reserved"):
+                return text
+        deco_m = _DECO.match(first.content)
+        deco = deco_m.group(0).strip() if deco_m else ""
+        j, added = i, 0
+        while added < _MAX_CONT_LINES and len(text) < MAX_TEXT:
+            nxt = self._next_same(j, first)
+            if nxt is None:
+                break
+            j, piece = nxt
+            dm = _DECO.match(piece) if deco else None
+            if dm is not None and dm.group(0).strip() == deco:
+                piece = piece[dm.end() :]
+            if not piece.strip() or _RE_NEW_RECORD.match(piece.lstrip()) or _detect(piece):
+                break
+            done = _core_complete(text) and not _needs_hint(text)
+            if done and not piece.lstrip().startswith("If reserved"):
+                break
+            text = _join(text, piece)
+            consumed.add(j)
+            added += 1
+            if _core_complete(text) and not _needs_hint(text) and "If reserved" in text:
+                break
+        return text
+
+    def _next_same(self, i: int, first: _Line) -> tuple[int, str] | None:
+        """The next line after ``i`` from the same stream (same prefixes), skipping other ranks' lines."""
+        for j in range(i + 1, min(len(self.lines), i + 1 + _MAX_CONT_SKIP)):
+            ln = self.line(j)
+            if ln.g != first.g or ln.lr != first.lr:
+                continue
+            # same prefixes, or the same without the timestamps (a record whose text was wrapped later)
+            if ln.sig == first.sig or ln.sig == tuple(k for k in first.sig if k != "ts"):
+                return j, ln.content
+        return None
+
+    def _killed_at_end(self, killed: list[_Found], host_lines: set[int]) -> list[_Found]:
+        """Keep the "Killed" lines after which only blank or host-OOM lines follow."""
+        j = len(self.lines) - 1
+        while j >= 0:
+            if j in host_lines or not self.line(j).content.strip():
+                j -= 1
+                continue
+            break
+        return [f for f in killed if f.line > j]
+
+
+def _dedupe(found: list[_Found], restarts: list[int]) -> list[_Found]:
+    """Merge repeated occurrences (see the module docstring). Indexed by rank so that a log with many
+    ranks printing the same text stays linear."""
+    kept: list[_Found] = []
+    by_g: dict[tuple[object, ...], list[_Found]] = {}
+    by_l: dict[tuple[object, ...], list[_Found]] = {}
+    anon: dict[tuple[object, ...], list[_Found]] = {}  # occurrences without any rank
+    latest: dict[tuple[object, ...], _Found] = {}  # the last kept occurrence of each message, any rank
+    r = 0
+    for f in found:
+        while r < len(restarts) and restarts[r] < f.line:
+            by_g.clear()
+            by_l.clear()
+            anon.clear()
+            latest.clear()
+            r += 1
+        key = _key(f.msg)
+        if f.g is None and f.lr is None:
+            last = latest.get(key)
+            cands = [last] if last is not None else []
+        else:
+            cands = [*by_g.get((key, f.g), ()), *by_l.get((key, f.lr), ()), *anon.get(key, ())]
+        dup = next(
+            (k for k in cands if f.line - k.last_line <= DEDUPE_WINDOW_LINES and _compatible(k, f)),
+            None,
+        )
+        if dup is None:
+            kept.append(f)
+            dup = f
+        else:
+            _fill(dup.msg, f.msg)
+            if dup.g is None and dup.lr is None:
+                dup.g, dup.lr = f.g, f.lr
+            else:
+                dup.g = dup.g if dup.g is not None else f.g
+                dup.lr = dup.lr if dup.lr is not None else f.lr
+            dup.last_line = f.line
+        latest[key] = dup
+        for index, ident in ((by_g, dup.g), (by_l, dup.lr)):
+            if ident is not None:
+                _remember(index, (key, ident), dup, f.line)
+        if dup.g is None and dup.lr is None:
+            _remember(anon, key, dup, f.line)
+    return kept
+
+
+def _remember(
+    index: dict[tuple[object, ...], list[_Found]], k: tuple[object, ...], f: _Found, now: int
+) -> None:
+    """Add ``f`` under ``k`` once, dropping entries that fell out of the dedupe window."""
+    lst = [x for x in index.get(k, ()) if now - x.last_line <= DEDUPE_WINDOW_LINES and x is not f]
+    lst.append(f)
+    index[k] = lst
+
+
+def _merge_host(found: list[_Found]) -> list[_Found]:
+    """Fold an exit-137/SIGKILL line into a nearby OOMKilled/kernel/Killed line of the same event."""
+    strong = [f for f in found if f.msg.format in _HOST_STRONG]
+    if not strong:
+        return found
+    lines = [s.line for s in strong]  # found is in line order
+    out: list[_Found] = []
+    for f in found:
+        if f.msg.format in _HOST_WEAK:
+            lo = bisect_left(lines, f.line - HOST_MERGE_LINES)
+            hi = bisect_right(lines, f.line + HOST_MERGE_LINES)
+            near = [s for s in strong[lo:hi][:64] if _same_event(s, f)]
+            if near:
+                best = min(near, key=lambda s: abs(s.line - f.line))
+                _fill(best.msg, f.msg)
+                continue
+        out.append(f)
+    return out
+
+
+def _same_event(a: _Found, b: _Found) -> bool:
+    """Two host lines of one event: the same stream (same rank prefixes) and no conflicting pid."""
+    pa, pb = a.msg.extra.get("pid"), b.msg.extra.get("pid")
+    return (a.g, a.lr) == (b.g, b.lr) and (pa is None or pb is None or pa == pb)
+
+
+def _attach_vgpu(found: list[_Found]) -> None:
+    """Give a torch CUDA OOM the numbers of the vGPU layer line that preceded it (same rank)."""
+    last: list[_Found] = []
+    for f in found:
+        m = f.msg
+        if m.format == "vgpu":
+            last.append(f)
+            continue
+        if m.kind != CUDA_OOM or m.vgpu_limit_bytes is not None:
+            continue
+        if m.format not in _TORCH_FORMATS and m.format != "cuda-error":
+            continue
+        for v in reversed(last):
+            if f.line - v.line > VGPU_ATTACH_LINES:
+                break
+            if _compatible(v, f):
+                m.vgpu_used_bytes = v.msg.vgpu_used_bytes
+                m.vgpu_limit_bytes = v.msg.vgpu_limit_bytes
+                break
