@@ -37,8 +37,8 @@ ID = "tensor_leak"
 VERDICT = "tensor_leak"
 OWNER = "algorithm"
 
-MIN_CYCLES = 2  # survivors from at least three different steps
-MIN_CYCLE_FRACTION = 0.5
+MIN_CYCLES = 3  # survivors from at least four different steps
+MIN_CYCLE_FRACTION = 0.2  # several survivors per step are fine (three metrics kept per step)
 MAX_FREED_FRACTION = 0.25  # more of the site's trace allocations freed than this: a bounded cache
 MIN_RISING_FRACTION = 0.7
 MIN_GROWTH_FRACTION = 0.05  # of the device limit
@@ -113,14 +113,25 @@ def evaluate(ev: Evidence) -> Finding | None:
         )
         if st.site.kind in ("user", "library"):
             f.leak_site = st.site.to_dict()
+        # decisive: with the leaked memory released, the failing request would have fitted
+        decisive = ev.request_bytes is not None and st.bytes + (ev.device_free_bytes or 0) >= ev.request_bytes
         significant = st.bytes >= 64 * MiB or (ev.allocated_bytes and st.bytes >= 0.02 * ev.allocated_bytes)
-        f.score = STRONG if significant else LIKELY - 0.1
-        if trend_growing:
+        f.score = STRONG if (significant or decisive) else LIKELY - 0.1
+        if decisive and not significant:
+            f.facts.append(
+                f"Small as it is, it decided the OOM: freed, its {human(st.bytes)} would have covered the "
+                f"{human(ev.request_bytes or 0)} request."
+            )
+        steady = trend is not None and trend.rising_fraction >= 0.9 and not trend.plateaued
+        if trend_growing or (steady and f.score >= STRONG):
             f.score = 0.95
-        elif trend_flat:
+        elif trend_flat and not steady:
             f.score = min(f.score, 0.4)
-    elif trend_growing:
-        f.score = LIKELY + 0.05 if trend is not None and trend.steps >= 8 else LIKELY - 0.1
+    elif trend_growing and trend is not None:
+        f.score = LIKELY + 0.05 if trend.steps >= 8 else LIKELY - 0.1
+        if trend.steps >= 8 and trend.rising_fraction >= 0.9 and limit and trend.growth_bytes >= 0.15 * limit:
+            # steady growth over many steps that ate a sixth of the device: nothing else looks like this
+            f.score = STRONG
         if ev.has_trace and ev.has_frames:
             # the trace should have shown the survivors: keep the verdict, lower the confidence
             f.score -= 0.1

@@ -47,23 +47,42 @@ def usable_bytes(ev: Evidence) -> int | None:
     return usable
 
 
+def _completed_steps(ev: Evidence) -> list[tuple[int, int, int]]:
+    """(start level, peak, batch) of each completed step the collector sampled: a step starts at the
+    live memory the previous one ended with."""
+    samples = ev.bundle.get("timeline") if isinstance(ev.bundle, dict) else None
+    if not isinstance(samples, list):
+        return []
+    out: list[tuple[int, int, int]] = []
+    prev: int | None = None
+    for s in samples:
+        if not isinstance(s, dict):
+            continue
+        alloc, peak = s.get("allocated_bytes"), s.get("peak_allocated_bytes")
+        batch = s.get("batch_size") or ev.batch_size
+        if isinstance(alloc, int) and isinstance(peak, int) and isinstance(batch, int) and batch > 0 and prev is not None:
+            out.append((prev, peak, batch))
+        prev = alloc if isinstance(alloc, int) else prev
+    return out
+
+
 def estimate_max_batch(ev: Evidence) -> tuple[int | None, dict[str, Any]]:
     info: dict[str, Any] = {}
     batch = ev.batch_size
     usable = usable_bytes(ev)
     if not batch or batch <= 0 or usable is None:
         return None, info
-    trend = ev.trend
     fixed: int | None = None
     per_sample: float | None = None
-    if trend is not None and trend.peak_bytes > trend.end_bytes:
-        fixed = trend.end_bytes
-        per_sample = (trend.peak_bytes - fixed) / batch
-        info["source"] = "completed steps"
+    steps = _completed_steps(ev)
+    if steps:
+        # the most demanding completed step per sample; the next step starts where the last one ended
+        per_sample = max((peak - start) / b for start, peak, b in steps)
+        fixed = _last_level(ev)
+        info["source"] = f"{len(steps)} completed steps"
         needed = ev.needed_bytes
-        if needed is not None and needed - fixed > per_sample * batch:
-            # the failing step needed more than completed ones did: use what it asked for
-            per_sample = (needed - fixed) / batch
+        if needed is not None and fixed is not None and (needed - fixed) / batch > per_sample:
+            per_sample = (needed - fixed) / batch  # the failing step wanted more per sample than any before
             info["source"] = "failing step (upper bound)"
     elif ev.needed_bytes is not None:
         fixed = _fixed_from_trace(ev)
@@ -72,8 +91,18 @@ def estimate_max_batch(ev: Evidence) -> tuple[int | None, dict[str, Any]]:
     if fixed is None or per_sample is None or per_sample <= 0:
         return None, info
     est = math.floor((usable - fixed) / per_sample)
+    if ev.is_cuda_oom:
+        est = min(est, batch - 1)  # the failing batch itself did not fit
     info.update({"fixed_bytes": fixed, "per_sample_bytes": int(per_sample), "usable_bytes": usable})
     return max(0, est), info
+
+
+def _last_level(ev: Evidence) -> int | None:
+    samples = ev.bundle.get("timeline") if isinstance(ev.bundle, dict) else None
+    for s in reversed(samples or []):
+        if isinstance(s, dict) and isinstance(s.get("allocated_bytes"), int):
+            return int(s["allocated_bytes"])
+    return None
 
 
 def _fixed_from_trace(ev: Evidence) -> int:
@@ -88,6 +117,16 @@ def _fixed_from_trace(ev: Evidence) -> int:
     # a step boundary: the last point where live memory was at its lowest since the trace began
     lo = min(tl.levels[: end + 1]) + tl.start_allocated
     return max(0, lo)
+
+
+def _promised_bytes(ev: Evidence) -> int | None:
+    """Memory the job was promised when a platform limit sits below it (declared GPU, MIG, cap, vGPU)."""
+    limited = ev.limit_bytes
+    if ev.declared_total_bytes and limited and ev.declared_total_bytes > limited * 1.05:
+        return ev.declared_total_bytes
+    if ev.total_bytes and limited and limited < ev.total_bytes * 0.98:
+        return ev.total_bytes  # a fraction cap or a vGPU limit below the device
+    return None
 
 
 def evaluate(ev: Evidence) -> Finding | None:
@@ -111,8 +150,12 @@ def evaluate(ev: Evidence) -> Finding | None:
     elif flat and trend is not None:
         f.facts.append(f"Live memory after each step did not grow over {trend.steps} steps.")
         f.score = LIKELY
-    elif ev.has_trace and not any(s.cycles >= 2 for s in ev.survivors):
+    elif (ev.has_trace or trend is not None) and not any(s.cycles >= 3 for s in ev.survivors):
         f.score = POSSIBLE
+        if needed is not None and usable is not None and needed > usable:
+            # the history could have shown a leak and did not; the step wants more than all it could get
+            f.facts.append(f"The step needed {human(needed)}, more than the {human(usable)} it could ever hold.")
+            f.score = LIKELY
     if ev.has_snapshot and ev.largest_free_block_bytes is not None and ev.request_bytes is not None:
         ru = ev.reserved_unallocated_bytes or 0
         if ru < ev.request_bytes:
@@ -122,6 +165,12 @@ def evaluate(ev: Evidence) -> Finding | None:
             f.score = max(f.score, POSSIBLE) + 0.05
     if ev.other_process_bytes and ev.total_bytes and ev.other_process_bytes > 0.1 * ev.total_bytes:
         f.score -= 0.2
+    promised = _promised_bytes(ev)
+    if promised is not None and needed is not None and needed <= 0.9 * promised:
+        f.facts.append(
+            f"It would fit the {human(promised)} it was promised: the limit it hit is not its own size."
+        )
+        f.score -= 0.3
     if early and (flat or ev.trend is None) and f.score >= LIKELY:
         f.score = STRONG - 0.05 if needed is not None else LIKELY
     if f.score <= CANDIDATE:

@@ -75,11 +75,18 @@ class StepTrend:
     early_growth_bytes: int  # growth over the first two thirds
     peak_bytes: int  # highest per-step peak seen
     peak_step: int
+    flat_tail: int  # step-to-step changes at the end that stayed flat (within noise)
+    tail_slope_ratio: float  # mean change over the last quarter / mean change before it (1.0 = steady)
 
     @property
     def plateaued(self) -> bool:
-        """Grew, then stopped: the last third adds less than a tenth of what the first two thirds did."""
-        return self.early_growth_bytes > 0 and self.late_growth_bytes <= 0.1 * self.early_growth_bytes
+        """Grew, then stopped: the last third adds under a tenth of the first two thirds' growth, or the
+        last changes (at least 3, and a quarter of all) stayed flat."""
+        if self.early_growth_bytes <= 0:
+            return False
+        if self.late_growth_bytes <= 0.1 * self.early_growth_bytes:
+            return True
+        return self.tail_slope_ratio <= 0.1
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -94,6 +101,7 @@ class StepTrend:
             "late_growth_bytes": self.late_growth_bytes,
             "early_growth_bytes": self.early_growth_bytes,
             "plateaued": self.plateaued,
+            "flat_tail": self.flat_tail,
         }
 
 
@@ -141,6 +149,16 @@ def _trend(samples: Sequence[dict[str, Any]]) -> StepTrend | None:
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, vals, strict=True)) / var if var else 0.0
     cut = max(1, (2 * n) // 3)
     peak_step, _, peak = max(pts, key=lambda p: p[2])
+    flat_tail = 0
+    for d in reversed(diffs):
+        if abs(d) > noise:
+            break
+        flat_tail += 1
+    k = max(3, len(diffs) // 4)
+    early, tail = diffs[:-k], diffs[-k:]
+    ratio = 1.0
+    if len(early) >= 3 and sum(early) > 0:
+        ratio = (sum(tail) / len(tail)) / (sum(early) / len(early))
     return StepTrend(
         steps=n,
         first_step=xs[0],
@@ -154,6 +172,8 @@ def _trend(samples: Sequence[dict[str, Any]]) -> StepTrend | None:
         early_growth_bytes=vals[cut - 1] - vals[0],
         peak_bytes=peak,
         peak_step=peak_step,
+        flat_tail=flat_tail,
+        tail_slope_ratio=ratio,
     )
 
 
@@ -539,8 +559,8 @@ def _survivors(ev: Evidence) -> None:
     back below the level it had when the earlier one was made (that step's activations were freed)."""
     by_dev = {t.device: t for t in ev.timelines}
     for st in ev.sites:
-        if st.traced < 3 or st.site.kind == "native":
-            continue
+        if st.traced < 3 or st.site.kind in ("native", "unknown"):
+            continue  # blocks without a stack are not one site: their survival proves nothing together
         dev = min(st.devices) if st.devices else 0
         tl = by_dev.get(dev)
         if tl is None or not tl.levels:

@@ -231,11 +231,10 @@ def test_too_large_at_step_zero_estimates_max_batch() -> None:
 def test_max_batch_from_completed_steps() -> None:
     # fixed 20 GiB, peaks 20 + 32*1 GiB at batch 32 → 1 GiB per sample; usable 70 + 8 = 78 GiB → 58,
     # but batch 32 itself just failed (a longer sequence, say): the answer is capped below it
-    vals = [20 * GiB] * 5
-    peaks = [52 * GiB] * 5
-    ev = cuda(step=5, batch_size=32, trend=trend(vals, peaks), reserved_bytes=70 * GiB, allocated_bytes=50 * GiB, device_free_bytes=8 * GiB, request_bytes=2 * GiB)
+    timeline = [{"step": i, "allocated_bytes": 20 * GiB, "peak_allocated_bytes": 52 * GiB, "batch_size": 32} for i in range(5)]
+    ev = cuda(step=5, batch_size=32, bundle={"timeline": timeline}, reserved_bytes=70 * GiB, allocated_bytes=50 * GiB, device_free_bytes=8 * GiB, request_bytes=2 * GiB)
     est, info = workload_too_large.estimate_max_batch(ev)
-    assert info["source"] == "completed steps"
+    assert info["source"] == "4 completed steps"
     assert (info["fixed_bytes"], info["per_sample_bytes"], info["usable_bytes"]) == (20 * GiB, GiB, 78 * GiB)
     assert est == 31
     ev.kind = "none"  # the same numbers without an OOM: the uncapped estimate
