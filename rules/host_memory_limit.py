@@ -42,10 +42,13 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.facts.append("Exit code 137: the process was killed with SIGKILL.")
     if ev.cgroup_limit_bytes:
         use = ev.cgroup_usage_bytes
-        share = f" ({use / ev.cgroup_limit_bytes:.0%})" if use else ""
-        f.facts.append(
-            f"The container's memory limit is {human(ev.cgroup_limit_bytes)}; usage was {human(use or 0)}{share}."
-        )
+        if use:
+            f.facts.append(
+                f"The container's memory limit is {human(ev.cgroup_limit_bytes)}; usage was {human(use)} "
+                f"({use / ev.cgroup_limit_bytes:.0%})."
+            )
+        else:
+            f.facts.append(f"The container's memory limit is {human(ev.cgroup_limit_bytes)}; the last usage is unknown.")
         f.values.update({"memory_limit_bytes": ev.cgroup_limit_bytes, "memory_usage_bytes": use})
         if use and use >= 0.9 * ev.cgroup_limit_bytes:
             f.score = min(1.0, f.score + 0.05)

@@ -595,16 +595,16 @@ def _is_cycle(tl: DeviceTimeline, a: int, c: int) -> bool:
 
 
 def _contract(ev: Evidence) -> None:
-    try:
-        from triage.contract.evidence import pod_violations
-        from triage.contract.load import load_contract
-    except ImportError:
-        return
     facts = dict(_get(ev.bundle, "host") or {})
     k8s = _get(ev.bundle, "k8s")
     if isinstance(k8s, dict):
         facts.update(k8s)
     if not facts:
+        return
+    try:
+        from triage.contract.evidence import pod_violations
+        from triage.contract.load import load_contract
+    except ImportError:
         return
     try:
         ns = _get(ev.bundle, "workload", "namespace")

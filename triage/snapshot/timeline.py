@@ -15,8 +15,11 @@ from __future__ import annotations
 from array import array
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import accumulate
+from operator import methodcaller
 from typing import Any
 
+from triage.errors import NotASnapshot
 from triage.snapshot.model import ACTIVE_ALLOCATED, RawEntry, Snapshot, TraceEntry
 
 MAX_POINTS = 600
@@ -139,89 +142,81 @@ def _final_levels(snapshot: Snapshot, device: int) -> tuple[int, int, dict[int, 
     return allocated, reserved, active, seg_addrs
 
 
+_SEG_UP = frozenset({"segment_alloc", "segment_map"})
+_SEG_DOWN = frozenset({"segment_free", "segment_unmap"})
+
+
 def replay_device(snapshot: Snapshot, device: int, max_points: int = MAX_POINTS) -> DeviceTimeline:
+    """Replay one device's trace. Column-wise: each pass is a C-level map/accumulate over the entries."""
     entries = snapshot.device_traces[device] if device < len(snapshot.device_traces) else []
     n = len(entries)
     final_alloc, final_res, active, seg_addrs = _final_levels(snapshot, device)
 
-    # one pass: levels relative to the (unknown) start, the live set, stacks, actions, peaks
-    stride = max(1, n // max_points)
-    cur_a = cur_r = 0
-    peak_a = peak_r = 0
-    peak_a_i = peak_r_i = -1
-    live: dict[int, int] = {}
-    live_size: dict[int, int] = {}
-    freed_unmatched: set[int] = set()
-    seg_live: set[int] = set()
-    seg_freed: set[int] = set()
-    counts: Counter[str] = Counter()
-    by_stack: Counter[int] = Counter()
-    stacks: dict[int, list[dict[str, Any]]] = {}
-    rel_points: list[tuple[int, int | None, int, int]] = []
-    oom_index = -1
-    oom_count = 0
-    last = n - 1
-    levels: array[int] = array("q")
-    volumes: array[int] = array("q")
-    push = levels.append
-    push_vol = volumes.append
-    vol = 0
-    for i, e in enumerate(entries):
-        action = e.get("action")
-        counts[str(action)] += 1
-        if action == "alloc":
-            size = e.get("size", 0)
-            addr = e.get("addr", 0)
-            cur_a += size
-            vol += size
-            if cur_a > peak_a:
-                peak_a, peak_a_i = cur_a, i
-            live[addr] = i
-            live_size[addr] = size
-            freed_unmatched.discard(addr)
-            fr = e.get("frames")
-            if fr:
-                k = id(fr)
-                by_stack[k] += 1
-                if k not in stacks:
-                    stacks[k] = fr
-        elif action == "free_requested":
-            addr = e.get("addr", 0)
-            cur_a -= e.get("size", 0)
-            if live.pop(addr, None) is None:
-                freed_unmatched.add(addr)
-            live_size.pop(addr, None)
-        elif action == "segment_alloc" or action == "segment_map":
-            cur_r += e.get("size", 0)
-            if cur_r > peak_r:
-                peak_r, peak_r_i = cur_r, i
-            if action == "segment_alloc":
-                a = e.get("addr", 0)
-                seg_live.add(a)
-                seg_freed.discard(a)
-        elif action == "segment_free" or action == "segment_unmap":
-            cur_r -= e.get("size", 0)
-            if action == "segment_free":
-                a = e.get("addr", 0)
-                seg_live.discard(a)
-                seg_freed.add(a)
-        elif action == "oom":
-            oom_index = i
-            oom_count += 1
-            rel_points.append((i, e.get("time_us"), cur_a, cur_r))
-            push(cur_a)
-            push_vol(vol)
-            continue
-        push(cur_a)
-        push_vol(vol)
-        if i % stride == 0 or i == last:
-            rel_points.append((i, e.get("time_us"), cur_a, cur_r))
+    actions = list(map(methodcaller("get", "action"), entries))
+    sizes = list(map(methodcaller("get", "size", 0), entries))
+    addrs = list(map(methodcaller("get", "addr", 0), entries))
+    counts = Counter(actions)
+    try:
+        alloc_sizes = [sz if a == "alloc" else 0 for a, sz in zip(actions, sizes, strict=True)]
+        volumes = array("q", accumulate(alloc_sizes))
+        levels = array(
+            "q",
+            accumulate(
+                sz if a == "alloc" else -sz if a == "free_requested" else 0
+                for a, sz in zip(actions, sizes, strict=True)
+            ),
+        )
+        if any(a in counts for a in (*_SEG_UP, *_SEG_DOWN)):
+            res_levels = array(
+                "q",
+                accumulate(
+                    sz if a in _SEG_UP else -sz if a in _SEG_DOWN else 0
+                    for a, sz in zip(actions, sizes, strict=True)
+                ),
+            )
+        else:
+            res_levels = array("q", bytes(8 * n))
+    except (TypeError, OverflowError):
+        raise NotASnapshot(
+            f"{snapshot.source or 'snapshot'}: a trace entry of device {device} has a non-integer size"
+        )
 
+    cur_a = levels[-1] if n else 0
+    cur_r = res_levels[-1] if n else 0
     start_alloc = final_alloc - cur_a
     start_res = final_res - cur_r
-    peak_a += start_alloc
-    peak_r += start_res
-    points = [TimelinePoint(i, t, a + start_alloc, r + start_res) for i, t, a, r in rel_points]
+
+    # peaks (relative to the start; the start itself counts)
+    peak_a_rel, peak_a_i = (max(levels), 0) if n else (0, -1)
+    if n:
+        peak_a_i = levels.index(peak_a_rel)
+        if peak_a_rel <= 0:
+            peak_a_rel, peak_a_i = 0, -1
+    peak_r_rel, peak_r_i = 0, -1
+    if n:
+        top = max(res_levels)
+        if top > 0:
+            peak_r_rel, peak_r_i = top, res_levels.index(top)
+
+    # the live set and what ended freed, from the last alloc / free per address
+    alloc_idx = [i for i, a in enumerate(actions) if a == "alloc"]
+    last_alloc = {addrs[i]: i for i in alloc_idx}
+    last_free = {addrs[i]: i for i, a in enumerate(actions) if a == "free_requested"}
+    live = {a: i for a, i in last_alloc.items() if last_free.get(a, -1) < i}
+    ended_freed = [a for a, i in last_free.items() if last_alloc.get(a, -1) < i]
+
+    frames_of = [entries[i].get("frames") for i in alloc_idx]
+    by_stack: Counter[int] = Counter(map(id, filter(None, frames_of)))
+    stacks: dict[int, list[dict[str, Any]]] = {id(f): f for f in frames_of if f}
+
+    oom_indices = [i for i, a in enumerate(actions) if a == "oom"] if "oom" in counts else []
+    oom_index = oom_indices[-1] if oom_indices else -1
+    stride = max(1, n // max_points)
+    idx = sorted({*range(0, n, stride), *([n - 1] if n else []), *oom_indices})
+    points = [
+        TimelinePoint(i, entries[i].get("time_us"), levels[i] + start_alloc, res_levels[i] + start_res)
+        for i in idx
+    ]
     has_time = False
     first_t: int | None = None
     last_t: int | None = None
@@ -234,23 +229,25 @@ def replay_device(snapshot: Snapshot, device: int, max_points: int = MAX_POINTS)
 
     # consistency: what the trace says is live at the end must be what the segments show
     cons = Consistency()
-    for addr, size in live_size.items():
+    for addr, i in live.items():
         cons.checked_blocks += 1
-        if active.get(addr) != size:
+        if active.get(addr) != sizes[i]:
             cons.mismatched_blocks += 1
-    for addr in freed_unmatched:
-        if addr in live:
-            continue
+    for addr in ended_freed:
         cons.checked_blocks += 1
         if addr in active:
             cons.mismatched_blocks += 1
     expandable = any(s.is_expandable for s in snapshot.segments if s.device == device)
-    if not expandable:
-        for addr in seg_live:
+    if not expandable and (counts.get("segment_alloc") or counts.get("segment_free")):
+        seg_last_alloc = {addrs[i]: i for i, a in enumerate(actions) if a == "segment_alloc"}
+        seg_last_free = {addrs[i]: i for i, a in enumerate(actions) if a == "segment_free"}
+        for addr, i in seg_last_alloc.items():
             cons.checked_segments += 1
-            if addr not in seg_addrs:
+            if (seg_last_free.get(addr, -1) < i) != (addr in seg_addrs):
                 cons.mismatched_segments += 1
-        for addr in seg_freed:
+        for addr in seg_last_free:
+            if addr in seg_last_alloc:
+                continue
             cons.checked_segments += 1
             if addr in seg_addrs:
                 cons.mismatched_segments += 1
@@ -273,15 +270,15 @@ def replay_device(snapshot: Snapshot, device: int, max_points: int = MAX_POINTS)
         end_allocated=final_alloc,
         end_reserved=final_res,
         points=points,
-        peak_allocated=peak_a,
+        peak_allocated=peak_a_rel + start_alloc,
         peak_allocated_index=peak_a_i,
-        peak_reserved=peak_r,
+        peak_reserved=peak_r_rel + start_res,
         peak_reserved_index=peak_r_i,
         first_time_us=first_t,
         last_time_us=last_t,
         oom=oom,
-        oom_count=oom_count,
-        actions=dict(counts),
+        oom_count=len(oom_indices),
+        actions={str(k): v for k, v in counts.items()},
         consistency=cons,
         live_alloc_index=live,
         alloc_count_by_stack=by_stack,
