@@ -47,6 +47,10 @@ def evaluate(ev: Evidence) -> Finding | None:
     f = Finding(rule=ID, verdict=VERDICT, score=CANDIDATE)
     f.values.update({"request_bytes": req, "free_in_reserved_bytes": ru, "device_free_bytes": free})
     largest = ev.largest_free_block_bytes if ev.has_snapshot else None
+    pool_free = ev.free_in_pool_bytes if ev.has_snapshot else None
+    if pool_free is not None and pool_free < req:
+        # the cached memory sits in another pool or stream: the request could not use it even if packed
+        return None
     if largest is not None:
         f.values["largest_free_block_bytes"] = largest
         pool = f" in the {ev.request_pool} pool" if ev.request_pool else ""
@@ -58,7 +62,7 @@ def evaluate(ev: Evidence) -> Finding | None:
             )
             return None
         f.facts.append(
-            f"{human(ru)} was reserved but free, yet the largest free block{pool} was {human(largest)}, "
+            f"{human(pool_free or ru)} was reserved but free{pool}, yet its largest free block was {human(largest)}, "
             f"smaller than the {human(req)} requested; the device had {human(free)} free."
         )
         f.score = STRONG

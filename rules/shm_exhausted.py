@@ -32,12 +32,17 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.score = STRONG
         if shm_msgs:
             f.facts.append(f"The job failed with a shared-memory error: {shm_msgs[0].text.strip()[:200]}")
+    elif ev.kind in ("crash", "unknown") and ev.dead_workers_sigbus:
+        f.score = LIKELY + 0.05
+        f.facts.append(f"{ev.dead_workers_sigbus} DataLoader worker(s) died of SIGBUS: a full /dev/shm.")
     elif (
         ev.kind in ("crash", "unknown")
-        and ev.shm_total_bytes is not None
-        and ev.shm_total_bytes <= DEFAULT_SHM
+        and ev.shm_total_bytes
+        and ev.shm_used_bytes is not None
+        and ev.shm_used_bytes >= 0.9 * ev.shm_total_bytes
     ):
         f.score = LIKELY - 0.1
+        f.facts.append("/dev/shm was at least 90% full when the job crashed.")
     else:
         return None
     if ev.shm_total_bytes is not None:

@@ -116,7 +116,12 @@ def evaluate(ev: Evidence) -> Finding | None:
         # decisive: with the leaked memory released, the failing request would have fitted
         decisive = ev.request_bytes is not None and st.bytes + (ev.device_free_bytes or 0) >= ev.request_bytes
         significant = st.bytes >= 64 * MiB or (ev.allocated_bytes and st.bytes >= 0.02 * ev.allocated_bytes)
-        f.score = STRONG if (significant or decisive) else LIKELY - 0.1
+        if significant or decisive:
+            f.score = STRONG
+        elif leak.cycles >= 10:
+            f.score = LIKELY  # small, but made and kept in step after step: nothing bounds it
+        else:
+            f.score = LIKELY - 0.1
         if decisive and not significant:
             f.facts.append(
                 f"Small as it is, it decided the OOM: freed, its {human(st.bytes)} would have covered the "
@@ -144,6 +149,16 @@ def evaluate(ev: Evidence) -> Finding | None:
         lead = next((s for s in ev.sites if s.site.kind == "user"), None)
         if lead is not None:
             f.values["lead_site"] = lead.site.label
+    elif trend is not None and trend.steps >= 8 and trend.rising_fraction >= 0.9 and not trend.plateaued:
+        # a small rise after every single step: live memory after a step is exact to the byte in a
+        # healthy loop, so even a few KiB a step is something kept
+        f.score = LIKELY - 0.05
+        f.facts.append(
+            f"Live memory after each step rose in {trend.rising_fraction:.0%} of {trend.steps} steps, by "
+            f"{human(trend.growth_bytes)} in all: small, but something is kept every step."
+        )
+        if not ev.has_frames:
+            f.missing.append("allocation stacks (record history with stacks='python') would name the leaking line")
     elif trend_flat:
         return None
     else:

@@ -119,6 +119,13 @@ def _fixed_from_trace(ev: Evidence) -> int:
     return max(0, lo)
 
 
+def _batch_grew(ev: Evidence) -> bool:
+    """Whether the failing step's batch is larger than the completed steps' (a batch-size ramp)."""
+    samples = ev.bundle.get("timeline") if isinstance(ev.bundle, dict) else None
+    sizes = [s.get("batch_size") for s in samples or [] if isinstance(s, dict) and isinstance(s.get("batch_size"), int)]
+    return bool(sizes) and ev.batch_size is not None and ev.batch_size > max(sizes)
+
+
 def _promised_bytes(ev: Evidence) -> int | None:
     """Memory the job was promised when a platform limit sits below it (declared GPU, MIG, cap, vGPU)."""
     limited = ev.limit_bytes
@@ -164,6 +171,29 @@ def evaluate(ev: Evidence) -> Finding | None:
             )
             f.score = max(f.score, POSSIBLE) + 0.05
     if ev.other_process_bytes and ev.total_bytes and ev.other_process_bytes > 0.1 * ev.total_bytes:
+        f.score -= 0.2
+    if (
+        trend is not None
+        and trend.steps >= 3
+        and needed is not None
+        and needed <= 1.02 * trend.peak_bytes
+        and not _batch_grew(ev)
+    ):
+        f.facts.append(
+            f"{trend.steps} steps of this size completed before (peak {human(trend.peak_bytes)}): "
+            "the step itself fits; something else changed."
+        )
+        f.score = min(f.score, CANDIDATE)
+    if (
+        ev.has_snapshot
+        and ev.request_bytes is not None
+        and ev.free_in_pool_bytes is not None
+        and ev.largest_free_block_bytes is not None
+        and ev.free_in_pool_bytes >= ev.request_bytes > ev.largest_free_block_bytes
+    ):
+        f.facts.append(
+            f"{human(ev.free_in_pool_bytes)} was free in the request's own pool: packed, it would have fitted."
+        )
         f.score -= 0.2
     promised = _promised_bytes(ev)
     if promised is not None and needed is not None and needed <= 0.9 * promised:

@@ -140,7 +140,7 @@ def _trend(samples: Sequence[dict[str, Any]]) -> StepTrend | None:
     vals = [a for _, a, _ in pts]
     n = len(vals)
     diffs = [b - a for a, b in itertools.pairwise(vals)]
-    noise = max(1, max(vals) // 10_000)
+    noise = 512  # live memory after a step is exact to the byte; one rounded block is a change
     rising = sum(1 for d in diffs if d > noise) / len(diffs)
     xs = [s for s, _, _ in pts]
     mx = sum(xs) / n
@@ -204,7 +204,8 @@ class Evidence:
     reserved_bytes: int | None = None
     allocated_bytes: int | None = None
     private_pool_bytes: int | None = None
-    largest_free_block_bytes: int | None = None  # in the pool the request needed
+    largest_free_block_bytes: int | None = None  # in the pool (and stream) the request needed
+    free_in_pool_bytes: int | None = None  # all free blocks in that pool and stream
     request_pool: str | None = None
     expandable_segments: bool | None = None
     alloc_conf: str = ""
@@ -222,6 +223,7 @@ class Evidence:
     shm_total_bytes: int | None = None
     shm_used_bytes: int | None = None
     dataloader_workers: int | None = None
+    dead_workers_sigbus: int = 0
     cgroup_limit_bytes: int | None = None
     cgroup_usage_bytes: int | None = None
     oom_kill_count: int | None = None
@@ -447,7 +449,7 @@ def _snapshot_facts(ev: Evidence) -> None:
         ev.reserved_bytes = dev_tot.reserved_bytes
         ev.allocated_bytes = dev_tot.allocated_bytes
         ev.private_pool_bytes = dev_tot.private_pool_bytes
-        ev.largest_free_block_bytes = _largest_usable_hole(ev)
+        ev.largest_free_block_bytes, ev.free_in_pool_bytes = _usable_holes(ev)
     elif m is not None:
         ev.allocated_bytes = m.allocated_bytes
         ev.reserved_bytes = m.reserved_bytes
@@ -465,11 +467,13 @@ def _snapshot_facts(ev: Evidence) -> None:
             ev.allocated_bytes = _int(stats.get("allocated_bytes.all.current"))
 
 
-def _largest_usable_hole(ev: Evidence) -> int:
-    """The largest free block the failing request could have used: same device, pool and stream."""
+def _usable_holes(ev: Evidence) -> tuple[int, int]:
+    """The largest free block the failing request could have used (same device, pool and stream), and
+    the sum of all such blocks."""
     assert ev.snapshot is not None
     stream = ev.oom_entry.stream if ev.oom_entry is not None else 0
     best = 0
+    total = 0
     for seg in ev.snapshot.segments:
         if ev.device is not None and seg.device != ev.device:
             continue
@@ -478,9 +482,11 @@ def _largest_usable_hole(ev: Evidence) -> int:
         if ev.request_pool is not None and seg.segment_type != ev.request_pool:
             continue
         for blk in seg.blocks:
-            if blk.state == INACTIVE and blk.size > best:
-                best = blk.size
-    return best
+            if blk.state == INACTIVE:
+                total += blk.size
+                if blk.size > best:
+                    best = blk.size
+    return best, total
 
 
 def _processes(ev: Evidence) -> None:
@@ -542,6 +548,11 @@ def _host(ev: Evidence) -> None:
     ev.shm_total_bytes = _int(host.get("shm_total_bytes"))
     ev.shm_used_bytes = _int(host.get("shm_used_bytes"))
     ev.dataloader_workers = _int(host.get("dataloader_workers"))
+    dead = host.get("dead_dataloader_workers")
+    if isinstance(dead, list):
+        ev.dead_workers_sigbus = sum(
+            1 for w in dead if isinstance(w, dict) and str(w.get("signal", "")).upper() in ("SIGBUS", "BUS", "7")
+        )
     cg = host.get("cgroup") or {}
     if isinstance(cg, dict):
         ev.cgroup_limit_bytes = _int(cg.get("memory_limit_bytes"))

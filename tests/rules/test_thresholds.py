@@ -48,10 +48,16 @@ def test_shm_fires_on_shm_kind_and_cites_the_default_size() -> None:
     assert any("64 MiB default" in s for s in f.facts)
 
 
-@pytest.mark.parametrize(("shm", "fires"), [(64 * MiB, True), (64 * MiB + 1, False)])
-def test_shm_on_a_plain_crash_depends_on_the_64mib_default(shm: int, fires: bool) -> None:
-    f = shm_exhausted.evaluate(Evidence(kind="crash", shm_total_bytes=shm))
+@pytest.mark.parametrize(("used", "fires"), [(int(0.9 * 64 * MiB) + 1, True), (int(0.9 * 64 * MiB) - 1, False)])
+def test_shm_on_a_plain_crash_needs_a_full_shm(used: int, fires: bool) -> None:
+    f = shm_exhausted.evaluate(Evidence(kind="crash", shm_total_bytes=64 * MiB, shm_used_bytes=used))
     assert (f is not None) is fires
+
+
+def test_shm_on_a_crash_with_a_sigbus_worker() -> None:
+    f = shm_exhausted.evaluate(Evidence(kind="crash", shm_total_bytes=64 * MiB, shm_used_bytes=0, dead_workers_sigbus=2))
+    assert f is not None and f.score >= LIKELY
+    assert any("2 DataLoader worker(s) died of SIGBUS" in s for s in f.facts)
 
 
 def test_shm_does_not_fire_on_a_cuda_oom() -> None:
