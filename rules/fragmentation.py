@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rules.base import CANDIDATE, LIKELY, POSSIBLE, STRONG, Finding
+from rules.workload_too_large import _batch_grew
 from triage.units import human
 
 if TYPE_CHECKING:
@@ -73,6 +74,13 @@ def evaluate(ev: Evidence) -> Finding | None:
         )
         f.missing.append("a snapshot (the largest free block decides whether the cached memory was usable)")
         f.score = POSSIBLE - 0.05
+    trend = ev.trend
+    if trend is not None and trend.steps >= 3 and trend.rising_fraction >= 0.7 and not trend.plateaued:
+        f.facts.append("Live memory grew step after step: the holes are a symptom of the growth, not its cause.")
+        f.score -= 0.25
+    if _batch_grew(ev):
+        f.facts.append("The batch size grew just before the OOM: the demand changed, not the layout.")
+        f.score -= 0.3
     if ev.other_process_bytes and ev.other_process_bytes > ru:
         f.score -= 0.15
     if small_waste:

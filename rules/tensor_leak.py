@@ -44,17 +44,29 @@ MIN_RISING_FRACTION = 0.7
 MIN_GROWTH_FRACTION = 0.05  # of the device limit
 
 
-def _leaky_site(ev: Evidence) -> Survivors | None:
+def _leaky_site(ev: Evidence, min_cycles: int = MIN_CYCLES) -> Survivors | None:
     best = None
     for s in ev.survivors:
-        if s.cycles < MIN_CYCLES or s.cycle_fraction < MIN_CYCLE_FRACTION:
+        if s.cycles < min_cycles or s.cycle_fraction < MIN_CYCLE_FRACTION:
             continue
-        allocs = max(s.stats.allocs_in_trace, s.stats.traced)
-        if allocs and s.freed_at_site / allocs > MAX_FREED_FRACTION:
+        if s.evicted_like_a_cache:
             continue
         if best is None or s.stats.bytes > best.stats.bytes:
             best = s
     return best
+
+
+def _lead(ev: Evidence, f: Finding) -> None:
+    """When the timeline proves a leak but the trace is too short to prove a site: the site whose every
+    traced block survived every step the trace covers is the lead."""
+    lead = _leaky_site(ev, min_cycles=1)
+    if lead is None or lead.freed_at_site or lead.cycles != lead.gaps:
+        return
+    f.leak_site = lead.site.to_dict()
+    f.facts.append(
+        f"The trace covers {lead.cycles + 1} steps; every block allocated at {lead.site.label} in them "
+        f"is still alive ({lead.stats.count} blocks, {human(lead.stats.bytes)})."
+    )
 
 
 def _steps_phrase(ev: Evidence, s: Survivors) -> str:
@@ -65,8 +77,11 @@ def _steps_phrase(ev: Evidence, s: Survivors) -> str:
 def evaluate(ev: Evidence) -> Finding | None:
     f = Finding(rule=ID, verdict=VERDICT, score=0.0)
     limit = ev.limit_bytes or 0
-    leak = _leaky_site(ev)
     trend = ev.trend
+    leak = _leaky_site(ev)
+    if leak is None and trend is not None and trend.steps >= 3 and trend.rising_fraction >= 0.99:
+        # every sampled step grew: two steps' worth of surviving blocks from one site are enough
+        leak = _leaky_site(ev, min_cycles=2)
     trend_growing = False
     trend_flat = False
     if trend is not None:
@@ -134,7 +149,7 @@ def evaluate(ev: Evidence) -> Finding | None:
             f.score = min(f.score, 0.4)
     elif trend_growing and trend is not None:
         f.score = LIKELY + 0.05 if trend.steps >= 8 else LIKELY - 0.1
-        if trend.steps >= 8 and trend.rising_fraction >= 0.9 and limit and trend.growth_bytes >= 0.15 * limit:
+        if trend.steps >= 8 and trend.rising_fraction >= 0.9 and limit and trend.growth_bytes >= 0.10 * limit:
             # steady growth over many steps that ate a sixth of the device: nothing else looks like this
             f.score = STRONG
         if ev.has_trace and ev.has_frames:
@@ -145,10 +160,7 @@ def evaluate(ev: Evidence) -> Finding | None:
             f.missing.append(
                 "allocation stacks (record history with stacks='python') would name the leaking line"
             )
-        # the biggest user site is the best lead when no site proved itself
-        lead = next((s for s in ev.sites if s.site.kind == "user"), None)
-        if lead is not None:
-            f.values["lead_site"] = lead.site.label
+        _lead(ev, f)
     elif trend is not None and trend.steps >= 8 and trend.rising_fraction >= 0.9 and not trend.plateaued:
         # a small rise after every single step: live memory after a step is exact to the byte in a
         # healthy loop, so even a few KiB a step is something kept
@@ -159,6 +171,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         )
         if not ev.has_frames:
             f.missing.append("allocation stacks (record history with stacks='python') would name the leaking line")
+        _lead(ev, f)
     elif trend_flat:
         return None
     else:

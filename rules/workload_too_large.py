@@ -119,11 +119,13 @@ def _fixed_from_trace(ev: Evidence) -> int:
     return max(0, lo)
 
 
-def _batch_grew(ev: Evidence) -> bool:
-    """Whether the failing step's batch is larger than the completed steps' (a batch-size ramp)."""
+def _batch_grew(ev: Evidence) -> int:
+    """The completed steps' largest batch when the failing step's batch is larger (a ramp), else 0."""
     samples = ev.bundle.get("timeline") if isinstance(ev.bundle, dict) else None
-    sizes = [s.get("batch_size") for s in samples or [] if isinstance(s, dict) and isinstance(s.get("batch_size"), int)]
-    return bool(sizes) and ev.batch_size is not None and ev.batch_size > max(sizes)
+    sizes = [s["batch_size"] for s in samples or [] if isinstance(s, dict) and isinstance(s.get("batch_size"), int)]
+    if sizes and ev.batch_size is not None and ev.batch_size > max(sizes):
+        return max(sizes)
+    return 0
 
 
 def _promised_bytes(ev: Evidence) -> int | None:
@@ -176,7 +178,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         trend is not None
         and trend.steps >= 3
         and needed is not None
-        and needed <= 1.02 * trend.peak_bytes
+        and needed <= trend.peak_bytes
         and not _batch_grew(ev)
     ):
         f.facts.append(
@@ -195,6 +197,13 @@ def evaluate(ev: Evidence) -> Finding | None:
             f"{human(ev.free_in_pool_bytes)} was free in the request's own pool: packed, it would have fitted."
         )
         f.score -= 0.2
+    grown = _batch_grew(ev)
+    if grown:
+        f.facts.append(
+            f"The batch grew to {ev.batch_size} (from at most {grown} in the completed steps): "
+            "the first step at the new size failed."
+        )
+        f.score = max(f.score, LIKELY) + 0.15
     promised = _promised_bytes(ev)
     if promised is not None and needed is not None and needed <= 0.9 * promised:
         f.facts.append(

@@ -113,6 +113,16 @@ class Survivors:
     cycles: int  # gaps between survivors in which live memory fell back (a step ended)
     gaps: int
     freed_at_site: int  # allocations at this site in the trace that were freed again
+    freed_after_first: int = 0  # of those, made after the site's first survivor (interleaved, not evicted)
+
+    @property
+    def evicted_like_a_cache(self) -> bool:
+        """A bounded cache frees its *oldest* entries: what was freed came before every survivor. A
+        leak that keeps every other step's tensor interleaves freed and kept allocations instead."""
+        allocs = max(self.stats.allocs_in_trace, self.stats.traced)
+        if not allocs or self.freed_at_site <= 0.25 * allocs:
+            return False
+        return self.freed_after_first <= 0.1 * self.freed_at_site
 
     @property
     def site(self) -> Site:
@@ -569,6 +579,7 @@ def _survivors(ev: Evidence) -> None:
     """Sites whose surviving blocks were made in different steps: between two survivors live memory fell
     back below the level it had when the earlier one was made (that step's activations were freed)."""
     by_dev = {t.device: t for t in ev.timelines}
+    by_site: dict[tuple[int, Site], list[int]] = {}
     for st in ev.sites:
         if st.traced < 3 or st.site.kind in ("native", "unknown"):
             continue  # blocks without a stack are not one site: their survival proves nothing together
@@ -579,8 +590,27 @@ def _survivors(ev: Evidence) -> None:
         idx = st.alloc_indices
         cycles = sum(1 for a, c in itertools.pairwise(idx) if _is_cycle(tl, a, c))
         freed = max(0, st.allocs_in_trace - st.traced)
-        ev.survivors.append(Survivors(st, cycles, len(idx) - 1, freed))
+        after = 0
+        if freed and idx:
+            if not by_site:
+                by_site.update(_allocs_by_site(ev))
+            alive = set(idx)
+            after = sum(1 for i in by_site.get((dev, st.site), []) if i > idx[0] and i not in alive)
+        ev.survivors.append(Survivors(st, cycles, len(idx) - 1, freed, after))
     ev.survivors.sort(key=lambda s: (-s.cycles, -s.stats.bytes))
+
+
+def _allocs_by_site(ev: Evidence) -> dict[tuple[int, Site], list[int]]:
+    """Entry indices of every traced allocation, grouped by (device, site)."""
+    out: dict[tuple[int, Site], list[int]] = {}
+    for tl in ev.timelines:
+        site_of = {key: ev.classifier.site(fr) for key, fr in tl.stacks.items()}
+        raw = tl.raw
+        for i in tl.alloc_indices:
+            fr = raw[i].get("frames")
+            if fr:
+                out.setdefault((tl.device, site_of[id(fr)]), []).append(i)
+    return out
 
 
 def _is_cycle(tl: DeviceTimeline, a: int, c: int) -> bool:

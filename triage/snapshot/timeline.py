@@ -84,6 +84,8 @@ class DeviceTimeline:
     raw: list[RawEntry] = field(repr=False, default_factory=list)
     # allocated level after each entry, relative to the start (add start_allocated for bytes)
     levels: array[int] = field(repr=False, default_factory=lambda: array("q"))
+    # entry index of every alloc, in order
+    alloc_indices: list[int] = field(repr=False, default_factory=list)
     # bytes allocated (Σ alloc sizes) up to and including each entry
     volumes: array[int] = field(repr=False, default_factory=lambda: array("q"))
 
@@ -282,6 +284,7 @@ def replay_device(snapshot: Snapshot, device: int, max_points: int = MAX_POINTS)
         consistency=cons,
         live_alloc_index=live,
         alloc_count_by_stack=by_stack,
+        alloc_indices=alloc_idx,
         stacks=stacks,
         raw=entries,
         levels=levels,
