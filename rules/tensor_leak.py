@@ -93,7 +93,10 @@ def evaluate(ev: Evidence) -> Finding | None:
                 f"(+{human(max(0, trend.late_growth_bytes))} over the last third of {trend.steps} steps): "
                 "a bounded cache or warm-up, not a leak."
             )
-        elif trend.rising_fraction >= MIN_RISING_FRACTION and trend.growth_bytes >= growth_floor:
+        elif trend.growth_bytes >= growth_floor and (
+            trend.rising_fraction >= MIN_RISING_FRACTION or (trend.falling_fraction <= 0.1 and trend.rising_fraction >= 0.25)
+        ):
+            # rises in most steps, or never falls (a tensor kept every other step rises in half of them)
             trend_growing = True
             f.facts.append(
                 f"Live memory after each step grew in {trend.rising_fraction:.0%} of {trend.steps} steps, "

@@ -70,6 +70,7 @@ class StepTrend:
     end_bytes: int
     growth_bytes: int
     rising_fraction: float  # share of step-to-step changes that are increases
+    falling_fraction: float  # share that are decreases
     slope_bytes_per_step: float
     late_growth_bytes: int  # growth over the last third of the samples
     early_growth_bytes: int  # growth over the first two thirds
@@ -97,6 +98,7 @@ class StepTrend:
             "end_bytes": self.end_bytes,
             "growth_bytes": self.growth_bytes,
             "rising_fraction": round(self.rising_fraction, 3),
+            "falling_fraction": round(self.falling_fraction, 3),
             "slope_bytes_per_step": round(self.slope_bytes_per_step, 1),
             "late_growth_bytes": self.late_growth_bytes,
             "early_growth_bytes": self.early_growth_bytes,
@@ -152,6 +154,7 @@ def _trend(samples: Sequence[dict[str, Any]]) -> StepTrend | None:
     diffs = [b - a for a, b in itertools.pairwise(vals)]
     noise = 512  # live memory after a step is exact to the byte; one rounded block is a change
     rising = sum(1 for d in diffs if d > noise) / len(diffs)
+    falling = sum(1 for d in diffs if d < -noise) / len(diffs)
     xs = [s for s, _, _ in pts]
     mx = sum(xs) / n
     my = sum(vals) / n
@@ -177,6 +180,7 @@ def _trend(samples: Sequence[dict[str, Any]]) -> StepTrend | None:
         end_bytes=vals[-1],
         growth_bytes=vals[-1] - min(vals[: max(1, n // 4)]),
         rising_fraction=rising,
+        falling_fraction=falling,
         slope_bytes_per_step=slope,
         late_growth_bytes=vals[-1] - vals[cut - 1],
         early_growth_bytes=vals[cut - 1] - vals[0],
