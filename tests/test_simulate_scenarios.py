@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REAL_SNAPSHOTS
-from test_simulate import check_invariants, close, parse_oom, replay
+from tests.conftest import REAL_SNAPSHOTS
+from tests.test_simulate import check_invariants, close, parse_oom, replay
 
 from triage.errors import InputError
 from triage.simulate import scenarios as S

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from collector_harness import PTH, TriageServer
+from tests.collector.collector_harness import PTH, TriageServer
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from collector_harness import TriageServer, free_port
+from tests.collector.collector_harness import TriageServer, free_port
 
 import collector
 from collector import _capture, _config, _encode, _host, _send, _spool, _torch

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from collector_harness import (
+from tests.collector.collector_harness import (
     ROOT,
     TRAIN,
     Run,
@@ -100,7 +100,7 @@ def test_oom_with_the_service_down_is_spooled_then_sent_exactly_once_by_the_next
     assert b.host is not None and b.host.shm_total_bytes and b.host.cpu_count
     assert b.environment is not None and b.environment.torch_version and b.environment.RANK == "3"
     # the snapshot is the stand-in's _snapshot() (the simulator's), tuples as lists
-    import fake_cuda
+    from tests.collector import fake_cuda
 
     expected, _msg, _src = fake_cuda._scenario("tensor_leak", 0)
     import json

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EXPECTED, MANIFESTS, GiB, Result, run_process
+from tests.contract.conftest import EXPECTED, MANIFESTS, GiB, Result, run_process
 
 from triage.contract.errors import ManifestError
 from triage.contract.load import ContractFile

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from deploykit import Deploy, build
+from tests.deploy.deploykit import Deploy, build
 
 
 @pytest.fixture(scope="session")

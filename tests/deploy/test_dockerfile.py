@@ -8,7 +8,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from deploykit import ROOT, need
+from tests.deploy.deploykit import ROOT, need
 
 DOCKERFILE = ROOT / "Dockerfile"
 

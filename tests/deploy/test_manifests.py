@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 import pytest
-from deploykit import VERSIONS, Deploy
+from tests.deploy.deploykit import VERSIONS, Deploy
 
 SERVER = ("Deployment", "oom-triage")
 WATCHER = ("Deployment", "oom-triage-watch")
@@ -54,7 +54,7 @@ def test_the_validator_is_not_vacuous(deploy: Deploy) -> None:
 def test_examples_are_schema_valid(deploy: Deploy) -> None:
     job = deploy.examples["training-job"]
     _validated(deploy, "training-job", job)
-    from deploykit import pytorchjob_pods
+    from tests.deploy.deploykit import pytorchjob_pods
 
     (ptj,) = deploy.examples["pytorchjob"]
     pods = pytorchjob_pods(ptj)

@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "collector")]
 
-from collector_harness import TriageServer  # noqa: E402
+from tests.collector.collector_harness import TriageServer  # noqa: E402
 
 from triage.schemas import IncidentBundle  # noqa: E402
 

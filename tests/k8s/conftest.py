@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from fakekube import FakeKubeAPI
+from tests.k8s.fakekube import FakeKubeAPI
 
 from triage.k8s.client import KubeClient
 

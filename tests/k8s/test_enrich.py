@@ -6,8 +6,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from fakekube import FakeKubeAPI
-from k8sobjects import MIG_LABELS, container, container_status, node, pod, shm_volume
+from tests.k8s.fakekube import FakeKubeAPI
+from tests.k8s.k8sobjects import MIG_LABELS, container, container_status, node, pod, shm_volume
 
 from triage.k8s.client import KubeClient
 from triage.k8s.enrich import enrich_bundle, merge_missing, owner_chain, pod_facts

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from fakekube import FakeKubeAPI, WatchScript, bookmark, event, expired
-from k8sobjects import (
+from tests.k8s.fakekube import FakeKubeAPI, WatchScript, bookmark, event, expired
+from tests.k8s.k8sobjects import (
     MIG_LABELS,
     PLAIN_ERROR_LOG,
     container,

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakekube import FakeKubeAPI
-from k8sobjects import CUDA_OOM_LOG, NS, container_status, node, pod, terminated
+from tests.k8s.fakekube import FakeKubeAPI
+from tests.k8s.k8sobjects import CUDA_OOM_LOG, NS, container_status, node, pod, terminated
 
 from triage.cli import main
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakekube import FakeKubeAPI, WatchScript, bookmark, event, expired
-from k8sobjects import (
+from tests.k8s.fakekube import FakeKubeAPI, WatchScript, bookmark, event, expired
+from tests.k8s.k8sobjects import (
     CUDA_OOM_LOG,
     NS,
     PLAIN_ERROR_LOG,

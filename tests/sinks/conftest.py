@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from realparts import Alertmanager, HttpRecorder, Redmine
-from sinkkit import make_payload
+from tests.realparts import Alertmanager, HttpRecorder, Redmine
+from tests.sinks.sinkkit import make_payload
 
 
 @pytest.fixture(scope="session")

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 import yaml
-from pagekit import App, bundle
-from realparts import Alertmanager, HttpRecorder, Redmine
+from tests.pagekit import App, bundle
+from tests.realparts import Alertmanager, HttpRecorder, Redmine
 from sqlalchemy import select
 
 from triage.store.models import OutboxItem

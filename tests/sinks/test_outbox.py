@@ -12,8 +12,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from realparts import HttpRecorder, Recorded, Reply, json_reply
-from sinkkit import new_ticket, touch
+from tests.realparts import HttpRecorder, Recorded, Reply, json_reply
+from tests.sinks.sinkkit import new_ticket, touch
 from sqlalchemy import select, update
 
 from triage.store.models import OutboxItem, SinkLink, utcnow

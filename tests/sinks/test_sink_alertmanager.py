@@ -4,8 +4,8 @@ to a local webhook receiver, as an on-call route would."""
 from __future__ import annotations
 
 import pytest
-from realparts import Alertmanager, HttpRecorder
-from sinkkit import make_payload
+from tests.realparts import Alertmanager, HttpRecorder
+from tests.sinks.sinkkit import make_payload
 
 from triage.tickets.sinks.alertmanager import AlertmanagerConfig, AlertmanagerSink
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 from pydantic import SecretStr, ValidationError
-from realparts import HttpRecorder, Recorded, Reply, json_reply
-from sinkkit import HOSTILE, make_payload
+from tests.realparts import HttpRecorder, Recorded, Reply, json_reply
+from tests.sinks.sinkkit import HOSTILE, make_payload
 
 from triage.tickets.sinks.base import PermanentSinkError, RefGone
 from triage.tickets.sinks.github import GitHubConfig, GitHubSink

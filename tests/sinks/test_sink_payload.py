@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from sinkkit import HOSTILE, make_payload
+from tests.sinks.sinkkit import HOSTILE, make_payload
 
 
 def test_subject_carries_the_tag_and_fits_every_tracker() -> None:

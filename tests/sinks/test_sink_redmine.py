@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from pydantic import SecretStr
-from realparts import Redmine, free_port
-from sinkkit import HOSTILE, make_payload
+from tests.realparts import Redmine, free_port
+from tests.sinks.sinkkit import HOSTILE, make_payload
 
 from triage.tickets.sinks.base import PermanentSinkError, RefGone, SinkError
 from triage.tickets.sinks.redmine import RedmineConfig, RedmineSink

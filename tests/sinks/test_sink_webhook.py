@@ -7,8 +7,8 @@ import time
 
 import pytest
 from pydantic import SecretStr
-from realparts import HttpRecorder, Recorded, free_port, json_reply
-from sinkkit import HOSTILE, make_payload
+from tests.realparts import HttpRecorder, Recorded, free_port, json_reply
+from tests.sinks.sinkkit import HOSTILE, make_payload
 
 from triage.tickets.sinks.base import PermanentSinkError, SinkError
 from triage.tickets.sinks.slack import SlackConfig, SlackSink

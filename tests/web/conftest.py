@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pagekit import SCREENSHOTS, App, Seeded, bundle, hostile_bundle
+from tests.pagekit import SCREENSHOTS, App, Seeded, bundle, hostile_bundle
 
 
 @pytest.fixture(autouse=True)

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pagekit import HOSTILE, SCREENSHOTS, Seeded, UvicornThread
-from realparts import CHROMIUM, CHROMIUM_ARGS, require
+from tests.pagekit import HOSTILE, SCREENSHOTS, Seeded, UvicornThread
+from tests.realparts import CHROMIUM, CHROMIUM_ARGS, require
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 

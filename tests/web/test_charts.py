@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from xml.etree import ElementTree
 
-from pagekit import HOSTILE, App, bundle
+from tests.pagekit import HOSTILE, App, bundle
 from sqlalchemy import update
 
 from triage.store.models import Incident

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from pagekit import HOSTILE, App, Seeded, bundle
+from tests.pagekit import HOSTILE, App, Seeded, bundle
 
 from triage.simulate.scenarios import run_scenario
 
