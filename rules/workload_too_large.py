@@ -80,6 +80,16 @@ def estimate_max_batch(ev: Evidence) -> tuple[int | None, dict[str, Any]]:
         per_sample = max((peak - start) / b for start, peak, b in steps)
         fixed = _last_level(ev)
         info["source"] = f"{len(steps)} completed steps"
+        trend = ev.trend
+        if fixed is not None and trend is not None and trend.plateaued and trend.early_growth_bytes > 0:
+            # memory that filled up over the first steps and then stopped is a bounded buffer (kept outputs,
+            # features, a replay cache); its entries are usually per-batch tensors, so it is counted as
+            # growing with the batch: the conservative reading, since a too-large answer OOMs again
+            cache = min(trend.early_growth_bytes, fixed)
+            b_last = steps[-1][2]
+            per_sample += cache / b_last
+            fixed -= cache
+            info["source"] += " (bounded buffer counted per sample)"
         needed = ev.needed_bytes
         if needed is not None and fixed is not None and (needed - fixed) / batch > per_sample:
             per_sample = (needed - fixed) / batch  # the failing step wanted more per sample than any before
