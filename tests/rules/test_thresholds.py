@@ -198,15 +198,29 @@ def test_leak_from_a_rising_step_timeline() -> None:
 
 
 @pytest.mark.parametrize(("rising_steps", "fires"), [(14, True), (13, False)])
-def test_leak_needs_70_percent_rising_steps(rising_steps: int, fires: bool) -> None:
-    # 21 samples → 20 changes: the flat ones first, then `rising_steps` rises of 400 MiB
+def test_leak_needs_70_percent_rising_steps_when_memory_also_falls(rising_steps: int, fires: bool) -> None:
+    # 20 changes: `rising_steps` rises of 400 MiB, 3 falls of 10 MiB (15%), the rest flat
     vals = [10 * GiB]
-    flats = 20 - rising_steps
-    for i in range(20):
-        vals.append(vals[-1] + (0 if i < flats else 400 * MiB))
+    changes = [-10 * MiB] * 3 + [0] * (17 - rising_steps) + [400 * MiB] * rising_steps
+    for d in changes:
+        vals.append(vals[-1] + d)
     t = trend(vals)
     assert t.rising_fraction == pytest.approx(rising_steps / 20)
+    assert t.falling_fraction == pytest.approx(3 / 20)
     f = tensor_leak.evaluate(cuda(trend=t))
+    assert (f is not None and f.score >= LIKELY - 0.1) is fires
+
+
+@pytest.mark.parametrize(("falls", "fires"), [(2, True), (3, False)])
+def test_growth_that_never_falls_is_a_leak_even_every_other_step(falls: int, fires: bool) -> None:
+    # a tensor kept every other step: 10 rises of 500 MiB among 20 changes; ≤ 10% falls still counts
+    vals = [10 * GiB]
+    changes = [500 * MiB, 0] * 10
+    for k in range(falls):
+        changes[2 * k + 1] = -1 * MiB
+    for d in changes:
+        vals.append(vals[-1] + d)
+    f = tensor_leak.evaluate(cuda(trend=trend(vals)))
     assert (f is not None and f.score >= LIKELY - 0.1) is fires
 
 
