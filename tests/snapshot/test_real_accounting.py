@@ -133,3 +133,14 @@ def test_trace_replay_is_consistent_with_final_segments(path: Path) -> None:
         if tl.entries:
             assert tl.level_at(tl.entries - 1) == tl.end_allocated
             assert tl.peak_allocated >= tl.end_allocated
+
+
+def test_progress_reports_every_byte_of_a_pickle() -> None:
+    path = REAL_SNAPSHOTS / "Maphsge4__select_n__04d383cd__snapshot.pickle"
+    seen: list[tuple[int, int]] = []
+    snap = load_snapshot(path, progress=lambda done, total: seen.append((done, total)))
+    size = path.stat().st_size
+    assert len(seen) > 1 and all(t == size for _, t in seen)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+    assert seen[-1][0] == size
+    assert account(snap).summary() == account(load_snapshot(path)).summary()

@@ -85,6 +85,11 @@ def _load_with_progress(path: str, quiet: bool, max_bytes: int) -> Snapshot:
     if quiet or size < 32 * 1024 * 1024:
         return load_snapshot(path, max_bytes=max_bytes)
     from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-    with Console(stderr=True).status(f"loading {path} ({size / 2**20:.0f} MiB)…"):
-        return load_snapshot(path, max_bytes=max_bytes)
+    columns = (TextColumn("loading"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("load", total=size)
+        return load_snapshot(
+            path, max_bytes=max_bytes, progress=lambda done, _total: bar.update(task, completed=done)
+        )

@@ -26,7 +26,7 @@ import os
 import pickle
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -80,6 +80,33 @@ class _BoundedReader(io.RawIOBase):
             if self._seen > self._limit:
                 raise InputTooLarge(f"{self._what} exceeds {self._limit} bytes")
         return n or 0
+
+
+class _ProgressReader:
+    """File-like wrapper that reports bytes consumed (the C unpickler reads 64 KiB frames through it)."""
+
+    def __init__(self, raw: IO[bytes], report: Callable[[int], None]) -> None:
+        self._raw = raw
+        self._report = report
+
+    def _tell(self) -> None:
+        self._report(self._raw.tell())
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._raw.read(n)
+        self._tell()
+        return data
+
+    def readinto(self, b: Any) -> int:
+        n = self._raw.readinto(b)  # type: ignore[attr-defined]
+        self._tell()
+        return int(n or 0)
+
+    def readline(self, limit: int = -1) -> bytes:
+        return self._raw.readline(limit)
+
+    def peek(self, n: int = 0) -> bytes:
+        return self._raw.peek(n)  # type: ignore[attr-defined]
 
 
 def _vm_size() -> int | None:
@@ -208,7 +235,10 @@ def load_raw(
 
 
 def _load(
-    source: str | os.PathLike[str] | bytes, max_bytes: int, memory_budget: int | None
+    source: str | os.PathLike[str] | bytes,
+    max_bytes: int,
+    memory_budget: int | None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[Any, bool]:
     """Decode; also say whether the input was JSON (no shared frames)."""
     if isinstance(source, bytes | bytearray):
@@ -240,8 +270,9 @@ def _load(
             return _decode_bytes(data, max_bytes, budget, what)
         if _looks_like_json(head):
             return _decode_bytes(f.read(), max_bytes, budget, what)
+        stream: Any = f if progress is None else _ProgressReader(f, lambda pos: progress(pos, size))
         with _memory_guard(budget):
-            return _unpickle(f, what), False
+            return _unpickle(stream, what), False
 
 
 def _decode_bytes(data: bytes, max_bytes: int, memory_budget: int | None, what: str) -> tuple[Any, bool]:
@@ -442,10 +473,14 @@ def load_snapshot(
     source: str | os.PathLike[str] | bytes | dict[str, Any] | list[Any],
     *,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Snapshot:
-    """Load a snapshot from a path, bytes, or an already-decoded dict/list (e.g. a bundle's JSON)."""
+    """Load a snapshot from a path, bytes, or an already-decoded dict/list (e.g. a bundle's JSON).
+
+    ``progress(done_bytes, total_bytes)`` is called as a plain pickle file is read.
+    """
     if isinstance(source, dict | list):
         return normalise(source, source="<object>", shared_frames=False)
-    raw, is_json = _load(source, max_bytes, -1)
+    raw, is_json = _load(source, max_bytes, -1, progress)
     name = "<bytes>" if isinstance(source, bytes | bytearray) else str(source)
     return normalise(raw, source=name, shared_frames=not is_json)
