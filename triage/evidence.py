@@ -19,7 +19,7 @@ from triage.snapshot.frames import FrameClassifier, Site
 from triage.snapshot.model import INACTIVE, Snapshot, TraceEntry
 from triage.snapshot.sites import SiteStats, live_sites
 from triage.snapshot.timeline import DeviceTimeline, replay
-from triage.units import GiB, MiB
+from triage.units import GiB, MiB, human
 
 if TYPE_CHECKING:
     from triage.messages import OomMessage
@@ -538,8 +538,8 @@ def _processes(ev: Evidence) -> None:
             me.own = True
             ev.own_process_identified = True
             ev.notes.append(
-                f"process {me.pid} was taken to be the job itself: its {me.used_bytes} bytes match the job's "
-                f"{ev.reserved_bytes} reserved bytes plus its CUDA context"
+                f"Process {me.pid} was taken to be the job itself: its {human(me.used_bytes)} match the job's "
+                f"{human(ev.reserved_bytes)} reservation plus its CUDA context."
             )
     ev.other_process_bytes = sum(p.used_bytes for p in ev.processes if not p.own)
     if ev.total_bytes is not None and ev.device_free_bytes is not None and ev.reserved_bytes is not None:
