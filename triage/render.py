@@ -59,9 +59,20 @@ def render_terminal(d: Diagnosis, ev: Evidence, console: Console, *, top: int = 
 
     s = d.summary
     t = Table(title="Memory accounting (all devices)", show_header=False, box=None)
-    for key in ("reserved_bytes", "allocated_bytes", "requested_bytes", "active_bytes", "free_in_reserved_bytes", "largest_free_block_bytes"):
+    for key in (
+        "reserved_bytes",
+        "allocated_bytes",
+        "requested_bytes",
+        "active_bytes",
+        "free_in_reserved_bytes",
+        "largest_free_block_bytes",
+    ):
         t.add_row(key.replace("_bytes", "").replace("_", " "), human(s.get(key, 0)), f"{s.get(key, 0):,} B")
-    t.add_row("segments / blocks / trace entries", f"{s.get('segments', 0)} / {s.get('blocks', 0)} / {s.get('trace_entries', 0)}", "")
+    t.add_row(
+        "segments / blocks / trace entries",
+        f"{s.get('segments', 0)} / {s.get('blocks', 0)} / {s.get('trace_entries', 0)}",
+        "",
+    )
     console.print(t)
 
     if d.evidence:
@@ -91,7 +102,8 @@ def render_terminal(d: Diagnosis, ev: Evidence, console: Console, *, top: int = 
             span = f"{site.first_index}..{site.last_index}" if site.first_index is not None else "-"
             stack = ev.classifier.user_stack(site.stack, limit=4)
             stack_txt = "\n".join(
-                f"{'*' if fr['user'] else ' '} {str(fr['filename']).rsplit('/', 1)[-1]}:{fr['line']} {fr['name']}" for fr in stack
+                f"{'*' if fr['user'] else ' '} {str(fr['filename']).rsplit('/', 1)[-1]}:{fr['line']} {fr['name']}"
+                for fr in stack
             )
             st.add_row(site.site.label, human(site.bytes), str(site.count), span, stack_txt or "-")
         console.print(st)
@@ -154,25 +166,34 @@ def render_html(d: Diagnosis, ev: Evidence, title: str) -> str:
     e = html.escape
     rows = "".join(f"<tr><td>{e(i.rule)}</td><td>{e(i.fact)}</td></tr>" for i in d.evidence)
     actions = "".join(f"<li>{e(a)}</li>" for a in d.actions)
-    summary = "".join(f"<tr><td>{e(k)}</td><td>{e(human(v) if k.endswith('bytes') else str(v))}</td></tr>" for k, v in d.summary.items())
+    summary = "".join(
+        f"<tr><td>{e(k)}</td><td>{e(human(v) if k.endswith('bytes') else str(v))}</td></tr>"
+        for k, v in d.summary.items()
+    )
     sites = []
     for s in ev.sites[:15]:
         stack = "".join(
-            f"<li class=\"{'user' if fr['user'] else 'lib'}\">{e(str(fr['filename']))}:{e(str(fr['line']))} in {e(str(fr['name']))}</li>"
+            f'<li class="{"user" if fr["user"] else "lib"}">{e(str(fr["filename"]))}:{e(str(fr["line"]))} in {e(str(fr["name"]))}</li>'
             for fr in ev.classifier.user_stack(s.stack, limit=30)
         )
         sites.append(
             f"<details><summary>{e(s.site.label)} — {e(human(s.bytes))} in {s.count} blocks</summary><ol>{stack}</ol></details>"
         )
     charts = "".join(
-        f"<h3>Device {tl.device}</h3>" + _svg_timeline([[p.index, p.time_us, p.allocated, p.reserved] for p in tl.points], tl.oom.index if tl.oom else None)
+        f"<h3>Device {tl.device}</h3>"
+        + _svg_timeline(
+            [[p.index, p.time_us, p.allocated, p.reserved] for p in tl.points],
+            tl.oom.index if tl.oom else None,
+        )
         for tl in ev.timelines
         if tl.entries > 1
     )
     leak = ""
     if d.leak_site:
         ls = d.leak_site
-        leak = f"<p><b>Leak site:</b> {e(str(ls['filename']))}:{e(str(ls['line']))} in {e(str(ls['name']))}</p>"
+        leak = (
+            f"<p><b>Leak site:</b> {e(str(ls['filename']))}:{e(str(ls['line']))} in {e(str(ls['name']))}</p>"
+        )
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{e(title)}</title>
 <style>body{{font-family:sans-serif;max-width:980px;margin:2em auto}}td{{padding:2px 8px;vertical-align:top}}

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 from sqlalchemy import text
-from tests.service.svckit import Service
 
+from tests.service.svckit import Service
 from triage.service import Settings
 
 PG_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres connect_timeout=3"

@@ -9,8 +9,8 @@ from collections.abc import Callable
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from tests.service.svckit import Service, bundle, post
 
+from tests.service.svckit import Service, bundle, post
 from triage.store.migrate import current_revision, head_revision, upgrade
 from triage.store.models import Base
 from triage.store.session import Database

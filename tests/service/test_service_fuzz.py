@@ -12,8 +12,8 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.configuration import set_hypothesis_home_dir
 from sqlalchemy import select
-from tests.service.svckit import Service, bundle, post
 
+from tests.service.svckit import Service, bundle, post
 from triage.store.models import Incident
 
 INGEST = "ingest-token-0123456789abcdef"

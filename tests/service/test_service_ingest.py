@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import func, select
-from tests.service.svckit import GZIP, Service, bundle, gz, post
 
+from tests.service.svckit import GZIP, Service, bundle, gz, post
 from triage.store.models import Incident, IngestToken
 
 EAST = "east-token-0123456789abcdef"

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+
 from tests.service.svckit import Server, bundle, gz
 
 

@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from tests.service.svckit import T0, Service, bundle, post
 
+from tests.service.svckit import T0, Service, bundle, post
 from triage.store.models import Incident
 from triage.tickets import grouping
 from triage.tickets import service as tickets

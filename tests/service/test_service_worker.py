@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select, update
-from tests.service.svckit import Service, bundle, post
 
+from tests.service.svckit import Service, bundle, post
 from triage.service.settings import Settings
 from triage.store.models import Incident, Ticket, utcnow
 from triage.worker import Worker
@@ -207,7 +207,6 @@ def test_retention_deletes_old_bundles_but_keeps_the_records(make_service: Calla
 
 def test_analysis_runs_in_a_child_process_with_a_time_limit(tmp_path: Path) -> None:
     from tests.service.svckit import TestClient
-
     from triage.service import create_app
 
     def settings(**kw: Any) -> Settings:
@@ -243,7 +242,6 @@ def test_analysis_runs_in_a_child_process_with_a_time_limit(tmp_path: Path) -> N
 
 def test_a_worker_only_replica_analyses_what_the_api_stored(make_service: Callable[..., Service]) -> None:
     from tests.service.svckit import TestClient
-
     from triage.service import create_app
 
     api = make_service()
@@ -266,9 +264,8 @@ def test_a_worker_only_replica_analyses_what_the_api_stored(make_service: Callab
 def test_two_replicas_share_one_store(
     make_service: Callable[..., Service], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tests.service.svckit import TestClient
-
     import triage.worker
+    from tests.service.svckit import TestClient
 
     real = triage.worker.analyse_blob
     seen: list[str] = []

@@ -1,0 +1,1 @@
+"""One router per domain: incidents (ingest + read), tickets, scale-up requests, health."""

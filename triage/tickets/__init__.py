@@ -1,0 +1,1 @@
+"""Tickets: grouping incidents by fingerprint, the ticket lifecycle, and the sinks that mirror them."""
