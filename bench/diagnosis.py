@@ -62,7 +62,9 @@ def evaluate(seeds: list[int], verbose: bool = False) -> dict[str, Any]:
         if want == "tensor_leak" and truth.get("leak_site"):
             ls = truth["leak_site"]
             row["leak_site_exact"] = bool(
-                d.leak_site and d.leak_site.get("filename") == ls["filename"] and d.leak_site.get("line") == ls["line"]
+                d.leak_site
+                and d.leak_site.get("filename") == ls["filename"]
+                and d.leak_site.get("line") == ls["line"]
             )
         if truth.get("max_batch_size") is not None:
             mb = d.max_batch_size
@@ -74,8 +76,12 @@ def evaluate(seeds: list[int], verbose: bool = False) -> dict[str, Any]:
             row["text_got"] = dm.verdict
             row["text_confident_wrong"] = dm.verdict not in (want, "inconclusive")
         rows.append(row)
-        if verbose and (not row["correct"] or row.get("leak_site_exact") is False or row.get("max_batch_ok") is False):
-            print(f"  {row['case']:36} want {want:18} got {got:18} conf {d.confidence:.2f}  {d.headline[:90]}")
+        if verbose and (
+            not row["correct"] or row.get("leak_site_exact") is False or row.get("max_batch_ok") is False
+        ):
+            print(
+                f"  {row['case']:36} want {want:18} got {got:18} conf {d.confidence:.2f}  {d.headline[:90]}"
+            )
     diag_s = time.perf_counter() - t0
     return {"rows": rows, "generate_seconds": gen_s, "diagnose_seconds": diag_s}
 
@@ -130,16 +136,43 @@ def main() -> int:
             return "n/a" if x is None else f"{x:.1%}"
 
         table = [
-            ("verdict accuracy", pct(s["accuracy"]), "≥ 95%", s["accuracy"] is not None and s["accuracy"] >= 0.95),
+            (
+                "verdict accuracy",
+                pct(s["accuracy"]),
+                "≥ 95%",
+                s["accuracy"] is not None and s["accuracy"] >= 0.95,
+            ),
             ("confident-wrong (all)", str(s["confident_wrong"]), "", True),
-            ("confident-wrong on hard negatives", str(s["confident_wrong_hard_negatives"]), "= 0", s["confident_wrong_hard_negatives"] == 0),
-            (f"leak site exact ({s['leak_cases_with_site']} cases)", pct(s["leak_site_exact"]), "≥ 95%", (s["leak_site_exact"] or 0) >= 0.95),
-            (f"max_batch_size within 10% ({s['max_batch_cases']} cases)", pct(s["max_batch_within_10pct"]), "≥ 90%", (s["max_batch_within_10pct"] or 0) >= 0.9),
-            (f"message-only confident-wrong ({s['text_only_cases']} cases)", str(s["text_only_confident_wrong"]), "= 0", s["text_only_confident_wrong"] == 0),
+            (
+                "confident-wrong on hard negatives",
+                str(s["confident_wrong_hard_negatives"]),
+                "= 0",
+                s["confident_wrong_hard_negatives"] == 0,
+            ),
+            (
+                f"leak site exact ({s['leak_cases_with_site']} cases)",
+                pct(s["leak_site_exact"]),
+                "≥ 95%",
+                (s["leak_site_exact"] or 0) >= 0.95,
+            ),
+            (
+                f"max_batch_size within 10% ({s['max_batch_cases']} cases)",
+                pct(s["max_batch_within_10pct"]),
+                "≥ 90%",
+                (s["max_batch_within_10pct"] or 0) >= 0.9,
+            ),
+            (
+                f"message-only confident-wrong ({s['text_only_cases']} cases)",
+                str(s["text_only_confident_wrong"]),
+                "= 0",
+                s["text_only_confident_wrong"] == 0,
+            ),
         ]
         for name, val, target, ok in table:
             print(f"{name:48} {val:>8} {target:>7} {'ok' if ok else 'MISSED'}")
-        print(f"\n{s['cases']} cases; generated in {res['generate_seconds']:.1f}s, diagnosed in {res['diagnose_seconds']:.1f}s")
+        print(
+            f"\n{s['cases']} cases; generated in {res['generate_seconds']:.1f}s, diagnosed in {res['diagnose_seconds']:.1f}s"
+        )
     return 0
 
 

@@ -76,7 +76,9 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.score = POSSIBLE - 0.05
     trend = ev.trend
     if trend is not None and trend.steps >= 3 and trend.rising_fraction >= 0.7 and not trend.plateaued:
-        f.facts.append("Live memory grew step after step: the holes are a symptom of the growth, not its cause.")
+        f.facts.append(
+            "Live memory grew step after step: the holes are a symptom of the growth, not its cause."
+        )
         f.score -= 0.25
     if _batch_grew(ev):
         f.facts.append("The batch size grew just before the OOM: the demand changed, not the layout.")

@@ -48,7 +48,9 @@ def evaluate(ev: Evidence) -> Finding | None:
                 f"({use / ev.cgroup_limit_bytes:.0%})."
             )
         else:
-            f.facts.append(f"The container's memory limit is {human(ev.cgroup_limit_bytes)}; the last usage is unknown.")
+            f.facts.append(
+                f"The container's memory limit is {human(ev.cgroup_limit_bytes)}; the last usage is unknown."
+            )
         f.values.update({"memory_limit_bytes": ev.cgroup_limit_bytes, "memory_usage_bytes": use})
         if use and use >= 0.9 * ev.cgroup_limit_bytes:
             f.score = min(1.0, f.score + 0.05)

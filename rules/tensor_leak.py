@@ -94,7 +94,8 @@ def evaluate(ev: Evidence) -> Finding | None:
                 "a bounded cache or warm-up, not a leak."
             )
         elif trend.growth_bytes >= growth_floor and (
-            trend.rising_fraction >= MIN_RISING_FRACTION or (trend.falling_fraction <= 0.1 and trend.rising_fraction >= 0.25)
+            trend.rising_fraction >= MIN_RISING_FRACTION
+            or (trend.falling_fraction <= 0.1 and trend.rising_fraction >= 0.25)
         ):
             # rises in most steps, or never falls (a tensor kept every other step rises in half of them)
             trend_growing = True
@@ -173,7 +174,9 @@ def evaluate(ev: Evidence) -> Finding | None:
             f"{human(trend.growth_bytes)} in all: small, but something is kept every step."
         )
         if not ev.has_frames:
-            f.missing.append("allocation stacks (record history with stacks='python') would name the leaking line")
+            f.missing.append(
+                "allocation stacks (record history with stacks='python') would name the leaking line"
+            )
         _lead(ev, f)
     elif trend_flat:
         return None

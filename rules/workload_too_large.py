@@ -60,7 +60,13 @@ def _completed_steps(ev: Evidence) -> list[tuple[int, int, int]]:
             continue
         alloc, peak = s.get("allocated_bytes"), s.get("peak_allocated_bytes")
         batch = s.get("batch_size") or ev.batch_size
-        if isinstance(alloc, int) and isinstance(peak, int) and isinstance(batch, int) and batch > 0 and prev is not None:
+        if (
+            isinstance(alloc, int)
+            and isinstance(peak, int)
+            and isinstance(batch, int)
+            and batch > 0
+            and prev is not None
+        ):
             out.append((prev, peak, batch))
         prev = alloc if isinstance(alloc, int) else prev
     return out
@@ -132,7 +138,9 @@ def _fixed_from_trace(ev: Evidence) -> int:
 def _batch_grew(ev: Evidence) -> int:
     """The completed steps' largest batch when the failing step's batch is larger (a ramp), else 0."""
     samples = ev.bundle.get("timeline") if isinstance(ev.bundle, dict) else None
-    sizes = [s["batch_size"] for s in samples or [] if isinstance(s, dict) and isinstance(s.get("batch_size"), int)]
+    sizes = [
+        s["batch_size"] for s in samples or [] if isinstance(s, dict) and isinstance(s.get("batch_size"), int)
+    ]
     if sizes and ev.batch_size is not None and ev.batch_size > max(sizes):
         return max(sizes)
     return 0
@@ -173,7 +181,9 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.score = POSSIBLE
         if needed is not None and usable is not None and needed > usable:
             # the history could have shown a leak and did not; the step wants more than all it could get
-            f.facts.append(f"The step needed {human(needed)}, more than the {human(usable)} it could ever hold.")
+            f.facts.append(
+                f"The step needed {human(needed)}, more than the {human(usable)} it could ever hold."
+            )
             f.score = LIKELY
     if ev.has_snapshot and ev.largest_free_block_bytes is not None and ev.request_bytes is not None:
         ru = ev.reserved_unallocated_bytes or 0

@@ -21,7 +21,9 @@ def real_snapshot_paths() -> list[Path]:
     return paths
 
 
-def run_cli(*args: str, input: bytes | None = None, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+def run_cli(
+    *args: str, input: bytes | None = None, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[bytes]:
     """Run `python -m triage.cli ARGS` in a fresh process."""
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")

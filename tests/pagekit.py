@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from tests.realparts import free_port
 
+from tests.realparts import free_port
 from triage.service import Settings, create_app
 from triage.simulate.scenarios import run_scenario
 

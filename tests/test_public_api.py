@@ -55,5 +55,7 @@ def test_collector_imports_with_the_standard_library_alone() -> None:
         "assert not bad, bad\n"
         "print('ok')\n"
     )
-    r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
     assert r.returncode == 0, r.stderr

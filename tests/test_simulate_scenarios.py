@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tests.conftest import REAL_SNAPSHOTS
 from tests.test_simulate import check_invariants, close, parse_oom, replay
-
 from triage.errors import InputError
 from triage.simulate import scenarios as S
 from triage.simulate.allocator import format_size

@@ -565,7 +565,9 @@ def _host(ev: Evidence) -> None:
     dead = host.get("dead_dataloader_workers")
     if isinstance(dead, list):
         ev.dead_workers_sigbus = sum(
-            1 for w in dead if isinstance(w, dict) and str(w.get("signal", "")).upper() in ("SIGBUS", "BUS", "7")
+            1
+            for w in dead
+            if isinstance(w, dict) and str(w.get("signal", "")).upper() in ("SIGBUS", "BUS", "7")
         )
     cg = host.get("cgroup") or {}
     if isinstance(cg, dict):

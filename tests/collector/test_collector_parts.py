@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.collector.collector_harness import TriageServer, free_port
 
 import collector
 from collector import _capture, _config, _encode, _host, _send, _spool, _torch
 from collector._state import State
+from tests.collector.collector_harness import TriageServer, free_port
 
 # --- public API ---------------------------------------------------------------------------------------
 

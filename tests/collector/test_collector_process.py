@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from tests.collector.collector_harness import (
     ROOT,
     TRAIN,
@@ -24,7 +25,6 @@ from tests.collector.collector_harness import (
     spooled,
     subprocess_env,
 )
-
 from triage.schemas import IncidentBundle
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tests.contract.conftest import GiB, MiB
 
+from tests.contract.conftest import GiB, MiB
 from triage.contract.evidence import Violation, pod_violations
 from triage.contract.load import ContractFile
 

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.contract.conftest import GiB, MiB, Result
 
+from tests.contract.conftest import GiB, MiB, Result
 from triage.contract.errors import ContractError
 from triage.contract.load import (
     PACKAGED_SOURCE,

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.contract.conftest import EXPECTED, MANIFESTS, GiB, Result, run_process
 
+from tests.contract.conftest import EXPECTED, MANIFESTS, GiB, Result, run_process
 from triage.contract.errors import ManifestError
 from triage.contract.load import ContractFile
 from triage.contract.manifest import audit_documents, declared_workers, parse_documents

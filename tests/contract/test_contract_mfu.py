@@ -7,8 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from tests.contract.conftest import Result
 
+from tests.contract.conftest import Result
 from triage.contract.load import ContractFile
 from triage.contract.mfu import PEAKS, audit_mfu, compute_mfu, find_gpu
 from triage.errors import InputError

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.contract.conftest import ROOTS, GiB, Result, run_process
 
+from tests.contract.conftest import ROOTS, GiB, Result, run_process
 from triage.contract.checks import GpuNuma, numa_check
 from triage.contract.load import ContractFile
 from triage.contract.pod import (

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 import pytest
+
 from tests.deploy.deploykit import VERSIONS, Deploy
 
 SERVER = ("Deployment", "oom-triage")

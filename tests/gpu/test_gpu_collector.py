@@ -31,7 +31,6 @@ ROOT = HERE.parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "collector")]
 
 from tests.collector.collector_harness import TriageServer  # noqa: E402
-
 from triage.schemas import IncidentBundle  # noqa: E402
 
 torch = pytest.importorskip("torch")

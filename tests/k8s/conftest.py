@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from tests.k8s.fakekube import FakeKubeAPI
 
+from tests.k8s.fakekube import FakeKubeAPI
 from triage.k8s.client import KubeClient
 
 

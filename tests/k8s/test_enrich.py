@@ -8,7 +8,6 @@ from typing import Any
 
 from tests.k8s.fakekube import FakeKubeAPI
 from tests.k8s.k8sobjects import MIG_LABELS, container, container_status, node, pod, shm_volume
-
 from triage.k8s.client import KubeClient
 from triage.k8s.enrich import enrich_bundle, merge_missing, owner_chain, pod_facts
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tests.k8s.fakekube import FakeKubeAPI, WatchScript, bookmark, event, expired
 from tests.k8s.k8sobjects import (
     MIG_LABELS,
@@ -16,7 +17,6 @@ from tests.k8s.k8sobjects import (
     terminated,
     waiting,
 )
-
 from triage.k8s.client import KubeClient, KubeError, as_kube_client, load_client
 
 

@@ -12,9 +12,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.k8s.fakekube import FakeKubeAPI
-from tests.k8s.k8sobjects import CUDA_OOM_LOG, NS, container, container_status, node, pod, shm_volume, terminated
 
+from tests.k8s.fakekube import FakeKubeAPI
+from tests.k8s.k8sobjects import (
+    CUDA_OOM_LOG,
+    NS,
+    container,
+    container_status,
+    node,
+    pod,
+    shm_volume,
+    terminated,
+)
 from triage.k8s.client import KubeClient
 from triage.k8s.watcher import IngestClient, WatchConfig, Watcher
 

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tests.k8s.fakekube import FakeKubeAPI
 from tests.k8s.k8sobjects import CUDA_OOM_LOG, NS, container_status, node, pod, terminated
-
 from triage.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tests.k8s.fakekube import FakeKubeAPI, WatchScript, bookmark, event, expired
 from tests.k8s.k8sobjects import (
     CUDA_OOM_LOG,
@@ -25,7 +26,6 @@ from tests.k8s.k8sobjects import (
     waiting,
     with_status,
 )
-
 from triage.k8s import termination_incident_id
 from triage.k8s.client import KubeClient
 from triage.k8s.watcher import IngestClient, Termination, WatchConfig, Watcher, WatchState, terminations

@@ -84,7 +84,13 @@ def test_labelled_set_accuracy_and_no_confident_wrong_on_hard_negatives() -> Non
 
 def test_message_alone_never_guesses() -> None:
     """From the text alone a leak and a too-large batch look the same: inconclusive, both candidates."""
-    for name in ("tensor_leak", "workload_too_large", "leak_like_big_batch", "bounded_cache", "fragmentation"):
+    for name in (
+        "tensor_leak",
+        "workload_too_large",
+        "leak_like_big_batch",
+        "bounded_cache",
+        "fragmentation",
+    ):
         r = run_scenario(name, 0)
         assert r.message
         d, _ = diagnose_text(r.message)
@@ -116,4 +122,14 @@ def test_diagnose_cli_json_on_a_log(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["verdict"] == "inconclusive"
-    assert set(d) >= {"verdict", "owner", "confidence", "candidates", "evidence", "leak_site", "max_batch_size", "actions", "summary"}
+    assert set(d) >= {
+        "verdict",
+        "owner",
+        "confidence",
+        "candidates",
+        "evidence",
+        "leak_site",
+        "max_batch_size",
+        "actions",
+        "summary",
+    }

@@ -10,7 +10,15 @@ from typing import Any
 
 import pytest
 
-from rules import fragmentation, gpu_quota, host_memory_limit, other_process, shm_exhausted, tensor_leak, workload_too_large
+from rules import (
+    fragmentation,
+    gpu_quota,
+    host_memory_limit,
+    other_process,
+    shm_exhausted,
+    tensor_leak,
+    workload_too_large,
+)
 from rules.base import CANDIDATE, LIKELY, STRONG
 from triage.engine import diagnose
 from triage.evidence import Evidence, Process, StepTrend
@@ -34,7 +42,8 @@ def trend(values: list[int], peaks: list[int] | None = None) -> StepTrend:
     from triage.evidence import _trend
 
     samples = [
-        {"step": i, "allocated_bytes": v, "peak_allocated_bytes": (peaks[i] if peaks else v)} for i, v in enumerate(values)
+        {"step": i, "allocated_bytes": v, "peak_allocated_bytes": (peaks[i] if peaks else v)}
+        for i, v in enumerate(values)
     ]
     t = _trend(samples)
     assert t is not None
@@ -43,19 +52,25 @@ def trend(values: list[int], peaks: list[int] | None = None) -> StepTrend:
 
 # ---------------------------------------------------------------- shm_exhausted
 def test_shm_fires_on_shm_kind_and_cites_the_default_size() -> None:
-    f = shm_exhausted.evaluate(Evidence(kind="shm_exhausted", shm_total_bytes=64 * MiB, shm_used_bytes=63 * MiB))
+    f = shm_exhausted.evaluate(
+        Evidence(kind="shm_exhausted", shm_total_bytes=64 * MiB, shm_used_bytes=63 * MiB)
+    )
     assert f is not None and f.score >= STRONG
     assert any("64 MiB default" in s for s in f.facts)
 
 
-@pytest.mark.parametrize(("used", "fires"), [(int(0.9 * 64 * MiB) + 1, True), (int(0.9 * 64 * MiB) - 1, False)])
+@pytest.mark.parametrize(
+    ("used", "fires"), [(int(0.9 * 64 * MiB) + 1, True), (int(0.9 * 64 * MiB) - 1, False)]
+)
 def test_shm_on_a_plain_crash_needs_a_full_shm(used: int, fires: bool) -> None:
     f = shm_exhausted.evaluate(Evidence(kind="crash", shm_total_bytes=64 * MiB, shm_used_bytes=used))
     assert (f is not None) is fires
 
 
 def test_shm_on_a_crash_with_a_sigbus_worker() -> None:
-    f = shm_exhausted.evaluate(Evidence(kind="crash", shm_total_bytes=64 * MiB, shm_used_bytes=0, dead_workers_sigbus=2))
+    f = shm_exhausted.evaluate(
+        Evidence(kind="crash", shm_total_bytes=64 * MiB, shm_used_bytes=0, dead_workers_sigbus=2)
+    )
     assert f is not None and f.score >= LIKELY
     assert any("2 DataLoader worker(s) died of SIGBUS" in s for s in f.facts)
 
@@ -73,9 +88,13 @@ def test_host_oom_fires_and_reports_the_limit() -> None:
     assert any("memory limit is 64.0 GiB" in s for s in f.facts)
 
 
-@pytest.mark.parametrize(("usage", "bonus"), [(math.ceil(0.9 * 64 * GiB), True), (int(0.89 * 64 * GiB), False)])
+@pytest.mark.parametrize(
+    ("usage", "bonus"), [(math.ceil(0.9 * 64 * GiB), True), (int(0.89 * 64 * GiB), False)]
+)
 def test_host_usage_near_the_limit_strengthens(usage: int, bonus: bool) -> None:
-    f = host_memory_limit.evaluate(Evidence(kind="host_oom", cgroup_limit_bytes=64 * GiB, cgroup_usage_bytes=usage))
+    f = host_memory_limit.evaluate(
+        Evidence(kind="host_oom", cgroup_limit_bytes=64 * GiB, cgroup_usage_bytes=usage)
+    )
     assert f is not None
     assert (f.score > STRONG) is bonus
 
@@ -88,7 +107,9 @@ def test_exit_137_alone_is_likely_and_exit_1_is_nothing() -> None:
 
 # ---------------------------------------------------------------- gpu_quota
 def test_fraction_cap_with_free_device_memory_is_strong() -> None:
-    f = gpu_quota.evaluate(cuda(fraction_cap_bytes=40 * GiB, device_free_bytes=30 * GiB, allocated_bytes=38 * GiB))
+    f = gpu_quota.evaluate(
+        cuda(fraction_cap_bytes=40 * GiB, device_free_bytes=30 * GiB, allocated_bytes=38 * GiB)
+    )
     assert f is not None and f.score >= STRONG
     assert any("per-process memory cap" in s for s in f.facts)
 
@@ -101,7 +122,9 @@ def test_fraction_cap_must_be_below_the_device(cap_fraction: float, fires: bool)
 
 @pytest.mark.parametrize(("declared", "fires"), [(int(1.06 * 40 * GiB), True), (int(1.04 * 40 * GiB), False)])
 def test_declared_bigger_than_actual_device(declared: int, fires: bool) -> None:
-    ev = cuda(total_bytes=40 * GiB, declared_total_bytes=declared, reserved_bytes=39 * GiB, allocated_bytes=38 * GiB)
+    ev = cuda(
+        total_bytes=40 * GiB, declared_total_bytes=declared, reserved_bytes=39 * GiB, allocated_bytes=38 * GiB
+    )
     f = gpu_quota.evaluate(ev)
     assert (f is not None) is fires
     if f:
@@ -109,7 +132,9 @@ def test_declared_bigger_than_actual_device(declared: int, fires: bool) -> None:
 
 
 def test_mig_slice_is_a_quota_finding() -> None:
-    f = gpu_quota.evaluate(cuda(total_bytes=10 * GiB, mig_profile="1g.10gb", reserved_bytes=9 * GiB, allocated_bytes=9 * GiB))
+    f = gpu_quota.evaluate(
+        cuda(total_bytes=10 * GiB, mig_profile="1g.10gb", reserved_bytes=9 * GiB, allocated_bytes=9 * GiB)
+    )
     assert f is not None and f.score >= LIKELY
     assert any("MIG slice (1g.10gb)" in s for s in f.facts)
 
@@ -154,7 +179,7 @@ def test_neighbour_does_not_matter_when_the_job_alone_exceeds_the_gpu() -> None:
 
 # ---------------------------------------------------------------- fragmentation
 def _frag(largest: int, ru: int, req: int = 512 * MiB, expandable: bool | None = False) -> Evidence:
-    from triage.snapshot.model import Snapshot, Segment
+    from triage.snapshot.model import Segment, Snapshot
 
     seg = Segment(0, 0, 1, 0, "large", (0, 0), False, [], [])
     return cuda(
@@ -242,7 +267,15 @@ def test_no_leak_before_the_first_step_completes() -> None:
 # ---------------------------------------------------------------- workload_too_large
 def test_too_large_at_step_zero_estimates_max_batch() -> None:
     t = None
-    ev = cuda(step=0, batch_size=64, trend=t, reserved_bytes=70 * GiB, allocated_bytes=70 * GiB, device_free_bytes=8 * GiB, request_bytes=4 * GiB)
+    ev = cuda(
+        step=0,
+        batch_size=64,
+        trend=t,
+        reserved_bytes=70 * GiB,
+        allocated_bytes=70 * GiB,
+        device_free_bytes=8 * GiB,
+        request_bytes=4 * GiB,
+    )
     f = workload_too_large.evaluate(ev)
     assert f is not None and f.score >= LIKELY
     assert f.max_batch_size is not None and f.max_batch_size < 64
@@ -251,8 +284,19 @@ def test_too_large_at_step_zero_estimates_max_batch() -> None:
 def test_max_batch_from_completed_steps() -> None:
     # fixed 20 GiB, peaks 20 + 32*1 GiB at batch 32 → 1 GiB per sample; usable 70 + 8 = 78 GiB → 58,
     # but batch 32 itself just failed (a longer sequence, say): the answer is capped below it
-    timeline = [{"step": i, "allocated_bytes": 20 * GiB, "peak_allocated_bytes": 52 * GiB, "batch_size": 32} for i in range(5)]
-    ev = cuda(step=5, batch_size=32, bundle={"timeline": timeline}, reserved_bytes=70 * GiB, allocated_bytes=50 * GiB, device_free_bytes=8 * GiB, request_bytes=2 * GiB)
+    timeline = [
+        {"step": i, "allocated_bytes": 20 * GiB, "peak_allocated_bytes": 52 * GiB, "batch_size": 32}
+        for i in range(5)
+    ]
+    ev = cuda(
+        step=5,
+        batch_size=32,
+        bundle={"timeline": timeline},
+        reserved_bytes=70 * GiB,
+        allocated_bytes=50 * GiB,
+        device_free_bytes=8 * GiB,
+        request_bytes=2 * GiB,
+    )
     est, info = workload_too_large.estimate_max_batch(ev)
     assert info["source"] == "4 completed steps"
     assert (info["fixed_bytes"], info["per_sample_bytes"], info["usable_bytes"]) == (20 * GiB, GiB, 78 * GiB)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tests.realparts import Alertmanager, HttpRecorder, Redmine
 from tests.sinks.sinkkit import make_payload
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.pagekit import App, bundle
-from tests.realparts import Alertmanager, HttpRecorder, Redmine
 from sqlalchemy import select
 
+from tests.pagekit import App, bundle
+from tests.realparts import Alertmanager, HttpRecorder, Redmine
 from triage.store.models import OutboxItem
 
 pytestmark = pytest.mark.slow

@@ -12,10 +12,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from tests.realparts import HttpRecorder, Recorded, Reply, json_reply
-from tests.sinks.sinkkit import new_ticket, touch
 from sqlalchemy import select, update
 
+from tests.realparts import HttpRecorder, Recorded, Reply, json_reply
+from tests.sinks.sinkkit import new_ticket, touch
 from triage.store.models import OutboxItem, SinkLink, utcnow
 from triage.tickets.outbox import ALL_SINKS, deliver_due, expand, purge_delivered
 from triage.tickets.sinks.base import ExternalRef, RefGone, Sink, SinkConfig

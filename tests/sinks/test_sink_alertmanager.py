@@ -4,9 +4,9 @@ to a local webhook receiver, as an on-call route would."""
 from __future__ import annotations
 
 import pytest
+
 from tests.realparts import Alertmanager, HttpRecorder
 from tests.sinks.sinkkit import make_payload
-
 from triage.tickets.sinks.alertmanager import AlertmanagerConfig, AlertmanagerSink
 
 pytestmark = pytest.mark.slow

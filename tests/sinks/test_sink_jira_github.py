@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 from pydantic import SecretStr, ValidationError
+
 from tests.realparts import HttpRecorder, Recorded, Reply, json_reply
 from tests.sinks.sinkkit import HOSTILE, make_payload
-
 from triage.tickets.sinks.base import PermanentSinkError, RefGone
 from triage.tickets.sinks.github import GitHubConfig, GitHubSink
 from triage.tickets.sinks.jira import JiraConfig, JiraSink, adf

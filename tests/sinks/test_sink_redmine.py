@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from pydantic import SecretStr
+
 from tests.realparts import Redmine, free_port
 from tests.sinks.sinkkit import HOSTILE, make_payload
-
 from triage.tickets.sinks.base import PermanentSinkError, RefGone, SinkError
 from triage.tickets.sinks.redmine import RedmineConfig, RedmineSink
 

@@ -7,9 +7,9 @@ import time
 
 import pytest
 from pydantic import SecretStr
+
 from tests.realparts import HttpRecorder, Recorded, free_port, json_reply
 from tests.sinks.sinkkit import HOSTILE, make_payload
-
 from triage.tickets.sinks.base import PermanentSinkError, SinkError
 from triage.tickets.sinks.slack import SlackConfig, SlackSink
 from triage.tickets.sinks.webhook import WebhookConfig, WebhookSink, sign, verify

@@ -18,7 +18,15 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REAL_SNAPSHOTS, run_cli
-from triage.errors import ForbiddenGlobal, InputError, InputTooLarge, MemoBomb, NotASnapshot, TooDeep, TruncatedInput
+from triage.errors import (
+    ForbiddenGlobal,
+    InputError,
+    InputTooLarge,
+    MemoBomb,
+    NotASnapshot,
+    TooDeep,
+    TruncatedInput,
+)
 from triage.snapshot.loader import load_snapshot
 
 P4 = b"\x80\x04"
@@ -71,13 +79,37 @@ def corpus(tmp: Path) -> dict[str, tuple[bytes, type[InputError], str]]:
         "truncated_half.pickle": (real[: len(real) // 2], TruncatedInput, "truncated"),
         "truncated_10_bytes.pickle": (real[:10], TruncatedInput, "truncated"),
         "truncated_one_short.pickle": (real[:-1], InputError, ""),
-        "binunicode8_2gb.pickle": (P4 + b"\x8d" + struct.pack("<Q", 2 * 1024**3) + b"abc", InputError, "refused|truncated"),
-        "binbytes8_2gb.pickle": (P4 + b"\x8e" + struct.pack("<Q", 2 * 1024**3) + b"abc", InputError, "refused|truncated"),
-        "binunicode_2gb.pickle": (P4 + b"X" + struct.pack("<I", 2**31) + b"abc", InputError, "refused|truncated"),
-        "frame_2gb.pickle": (P4 + b"\x95" + struct.pack("<Q", 2 * 1024**3) + b"N.", InputError, "refused|truncated"),
-        "memo_bomb_long_binput.pickle": (P4 + b"N" + b"r" + struct.pack("<I", 0x10000000) + b".", MemoBomb, "memory"),
+        "binunicode8_2gb.pickle": (
+            P4 + b"\x8d" + struct.pack("<Q", 2 * 1024**3) + b"abc",
+            InputError,
+            "refused|truncated",
+        ),
+        "binbytes8_2gb.pickle": (
+            P4 + b"\x8e" + struct.pack("<Q", 2 * 1024**3) + b"abc",
+            InputError,
+            "refused|truncated",
+        ),
+        "binunicode_2gb.pickle": (
+            P4 + b"X" + struct.pack("<I", 2**31) + b"abc",
+            InputError,
+            "refused|truncated",
+        ),
+        "frame_2gb.pickle": (
+            P4 + b"\x95" + struct.pack("<Q", 2 * 1024**3) + b"N.",
+            InputError,
+            "refused|truncated",
+        ),
+        "memo_bomb_long_binput.pickle": (
+            P4 + b"N" + b"r" + struct.pack("<I", 0x10000000) + b".",
+            MemoBomb,
+            "memory",
+        ),
         "memo_bomb_put.pickle": (b"N" + b"p268435456\n.", MemoBomb, "memory"),
-        "deeply_nested_list.pickle": (b"\x80\x02" + b"]" * 300_000 + b"a" * 299_999 + b".", TooDeep, "nested deeper"),
+        "deeply_nested_list.pickle": (
+            b"\x80\x02" + b"]" * 300_000 + b"a" * 299_999 + b".",
+            TooDeep,
+            "nested deeper",
+        ),
         "deep_marks.pickle": (b"(" * 200_000 + b"l" * 200_000 + b".", TooDeep, "nested deeper"),
         "not_a_snapshot_list_of_ints.pickle": (pickle.dumps([1, 2, 3]), NotASnapshot, "segment"),
         "not_a_snapshot_dict.pickle": (pickle.dumps({"hello": 1}), NotASnapshot, "segments"),
@@ -111,7 +143,9 @@ def gzip_bomb(size: int) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, tuple[bytes, type[InputError], str]]]:
+def corpus_dir(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, dict[str, tuple[bytes, type[InputError], str]]]:
     d = tmp_path_factory.mktemp("hostile")
     c = corpus(d)
     for name, (data, _, _) in c.items():
@@ -119,11 +153,15 @@ def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str
     return d, c
 
 
-def test_corpus_is_large_enough(corpus_dir: tuple[Path, dict[str, tuple[bytes, type[InputError], str]]]) -> None:
+def test_corpus_is_large_enough(
+    corpus_dir: tuple[Path, dict[str, tuple[bytes, type[InputError], str]]],
+) -> None:
     assert len(corpus_dir[1]) >= 20
 
 
-def test_each_is_refused_in_process(corpus_dir: tuple[Path, dict[str, tuple[bytes, type[InputError], str]]]) -> None:
+def test_each_is_refused_in_process(
+    corpus_dir: tuple[Path, dict[str, tuple[bytes, type[InputError], str]]],
+) -> None:
     d, c = corpus_dir
     for name, (_, err, word) in c.items():
         with pytest.raises(err) as info:
@@ -133,7 +171,9 @@ def test_each_is_refused_in_process(corpus_dir: tuple[Path, dict[str, tuple[byte
     assert not (d / "EXECUTED").exists(), "a hostile pickle ran code"
 
 
-def test_each_is_refused_by_the_cli_with_exit_2(corpus_dir: tuple[Path, dict[str, tuple[bytes, type[InputError], str]]]) -> None:
+def test_each_is_refused_by_the_cli_with_exit_2(
+    corpus_dir: tuple[Path, dict[str, tuple[bytes, type[InputError], str]]],
+) -> None:
     d, c = corpus_dir
     for name in c:
         r = run_cli("replay", str(d / name), "--json")

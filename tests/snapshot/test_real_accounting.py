@@ -61,12 +61,18 @@ def test_exact_totals_of_one_file_by_independent_count() -> None:
     path = REAL_SNAPSHOTS / "Maphsge4__select_n__1f2f5480__snapshot.pickle"
     raw = load_raw(path)
     reserved = sum(s["total_size"] for s in raw["segments"])
-    allocated = sum(b["size"] for s in raw["segments"] for b in s["blocks"] if b["state"] == "active_allocated")
+    allocated = sum(
+        b["size"] for s in raw["segments"] for b in s["blocks"] if b["state"] == "active_allocated"
+    )
     requested = sum(
         b["requested_size"] for s in raw["segments"] for b in s["blocks"] if b["state"] == "active_allocated"
     )
     s = account(load_snapshot(path)).summary()
-    assert (s["reserved_bytes"], s["allocated_bytes"], s["requested_bytes"]) == (reserved, allocated, requested)
+    assert (s["reserved_bytes"], s["allocated_bytes"], s["requested_bytes"]) == (
+        reserved,
+        allocated,
+        requested,
+    )
     assert s["free_in_reserved_bytes"] == reserved - allocated
     assert s["reserved_bytes"] == 2776629248
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tests.pagekit import SCREENSHOTS, App, Seeded, bundle, hostile_bundle
 
 

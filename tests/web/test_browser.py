@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tests.pagekit import HOSTILE, SCREENSHOTS, Seeded, UvicornThread
 from tests.realparts import CHROMIUM, CHROMIUM_ARGS, require
 

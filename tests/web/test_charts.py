@@ -6,9 +6,9 @@ import re
 from pathlib import Path
 from xml.etree import ElementTree
 
-from tests.pagekit import HOSTILE, App, bundle
 from sqlalchemy import update
 
+from tests.pagekit import HOSTILE, App, bundle
 from triage.store.models import Incident
 from triage.web.charts import Chart, Limit, Marker, Series, downsample, render
 from triage.web.views import safe_url

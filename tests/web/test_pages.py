@@ -9,8 +9,8 @@ import re
 from pathlib import Path
 
 import pytest
-from tests.pagekit import HOSTILE, App, Seeded, bundle
 
+from tests.pagekit import HOSTILE, App, Seeded, bundle
 from triage.simulate.scenarios import run_scenario
 
 
