@@ -85,6 +85,12 @@ def decide(ev: Evidence, findings: list[Finding]) -> Diagnosis:
         for m in f.missing:
             if m not in d.missing:
                 d.missing.append(m)
+    said = {e.fact for e in d.evidence}
+    for v in ev.contract_violations:
+        sentence = str(getattr(v, "sentence", v))
+        if sentence not in said:
+            value = {k: getattr(v, k, None) for k in ("check", "severity", "contract_version")}
+            d.evidence.append(EvidenceItem("contract", sentence, value))
     for note in ev.notes:
         d.evidence.append(EvidenceItem("evidence", note, None))
     d.headline = _headline(ev, d, top)

@@ -160,9 +160,13 @@ class Worker:
         path = str(self.blobs.path(claim.blob_path))
         if self._process is not None:
             return self._process.run(
-                path, claim.encoding, timeout=self.settings.analysis_timeout_seconds, size=claim.size
+                path,
+                claim.encoding,
+                timeout=self.settings.analysis_timeout_seconds,
+                size=claim.size,
+                k8s_enrich=self.settings.k8s_enrich,
             )
-        return analyse_blob(path, claim.encoding)
+        return analyse_blob(path, claim.encoding, self.settings.k8s_enrich)
 
     def finish(self, claim: Claim, diagnosis: dict[str, Any], elapsed: float) -> None:
         """Store the diagnosis and fold the incident into its ticket, if the claim is still ours."""

@@ -247,3 +247,43 @@ def test_running_pod_statuses_give_restart_facts() -> None:
     p = pod("r", statuses=[container_status(restart_count=4)])
     assert pod_facts(p)["k8s"]["container_restart_count"] == 4
     assert "restart_count" not in pod_facts(p)["workload"]  # only the watcher knows which instance crashed
+
+
+def test_the_service_analysis_adds_pod_facts_and_contract_violations(
+    fake_api: FakeKubeAPI, kube: KubeClient, tmp_path: Any
+) -> None:
+    """The analysis step (`triage.service.analysis`) enriches a bundle that names a pod: a pod without a
+    Memory-backed /dev/shm gets the 64 MiB default as evidence, and the contract's shm floor is cited.
+    (No API server runs here: the client talks to the local recorded-shape server.)"""
+    import gzip
+    import json
+
+    from triage.service import analysis
+
+    fake_api.add_pod(pod("loader-abcde", containers=[container(shm_volume=None)], volumes=[]))
+    fake_api.add_node(node())
+    bundle = _bundle(pod="loader-abcde")
+    bundle.update(
+        {
+            "kind": "shm_exhausted",
+            "error": {
+                "type": "RuntimeError",
+                "message": "RuntimeError: DataLoader worker (pid 4242) is killed by signal: Bus error.",
+            },
+        }
+    )
+    blob = tmp_path / "b.json.gz"
+    blob.write_bytes(gzip.compress(json.dumps(bundle).encode()))
+    analysis._K8S_CLIENT[:] = [kube]
+    try:
+        d = analysis.analyse_blob(str(blob), "gzip", "auto")
+        off = analysis.analyse_blob(str(blob), "gzip", "off")
+    finally:
+        analysis._K8S_CLIENT.clear()
+    assert d["verdict"] == "shm_exhausted"
+    facts = " ".join(e["fact"] for e in d["evidence"])
+    off_facts = " ".join(e["fact"] for e in off["evidence"])
+    assert "/dev/shm is 64.0 MiB" in facts and "/dev/shm is" not in off_facts
+    assert "64 MiB default" in facts
+    assert "below the contract floor" in facts  # the pod's contract violation, cited as evidence
+    assert d["confidence"] > off["confidence"]

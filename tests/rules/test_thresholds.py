@@ -310,3 +310,19 @@ def test_message_alone_is_inconclusive_between_leak_and_batch() -> None:
     assert d.verdict == "inconclusive"
     assert {"tensor_leak", "workload_too_large"} <= set(d.candidates)
     assert d.missing
+
+
+def test_contract_violations_of_the_pod_are_cited_whatever_the_verdict() -> None:
+    from triage.evidence import build_evidence
+
+    bundle = {
+        "kind": "cuda_oom",
+        "host": {"shm_total_bytes": 64 * MiB, "cpu_count": 8},
+        "k8s": {"shm_medium": None, "gpu_count": 8, "cpu_request": "8", "memory_limit_bytes": None},
+    }
+    ev = build_evidence(None, None, bundle)
+    assert ev.contract_violations
+    d = diagnose(ev)
+    contract = [e for e in d.evidence if e.rule == "contract"]
+    assert contract and all(e.value and e.value["contract_version"] for e in contract)
+    assert any("/dev/shm" in e.fact for e in contract)

@@ -40,7 +40,41 @@ def _open(path: Path, encoding: str) -> BinaryIO:
     return path.open("rb")
 
 
-def analyse_blob(path: str, encoding: str) -> dict[str, Any]:
+_K8S_CLIENT: list[Any] = []  # the analysis process's Kubernetes client, loaded once (or None)
+
+
+def _kube_client(mode: str) -> Any:
+    """`auto`: the in-cluster (or kubeconfig) client when one is configured; `on`: required; `off`: none."""
+    if mode == "off":
+        return None
+    if not _K8S_CLIENT:
+        try:
+            from triage.k8s.client import load_client, load_client_or_none
+
+            _K8S_CLIENT.append(
+                load_client(request_timeout=5) if mode == "on" else load_client_or_none(request_timeout=5)
+            )
+        except ImportError:  # the k8s extra is not installed
+            if mode == "on":
+                raise
+            _K8S_CLIENT.append(None)
+    return _K8S_CLIENT[0]
+
+
+def _enrich(bundle: dict[str, Any], mode: str) -> dict[str, Any]:
+    """Add the pod's facts (limits, shm volume, MIG profile, node GPU, owner, team) when the bundle names one."""
+    wl = bundle.get("workload")
+    if not isinstance(wl, dict) or not wl.get("namespace") or not wl.get("pod") or "k8s" in bundle:
+        return bundle
+    client = _kube_client(mode)
+    if client is None:
+        return bundle
+    from triage.k8s.enrich import enrich_bundle
+
+    return enrich_bundle(bundle, client)
+
+
+def analyse_blob(path: str, encoding: str, k8s_enrich: str = "off") -> dict[str, Any]:
     """Diagnose one stored bundle; the Diagnosis as JSON-ready data."""
     from pydantic import ValidationError
 
@@ -55,6 +89,7 @@ def analyse_blob(path: str, encoding: str) -> dict[str, Any]:
         IncidentBundle.model_validate(bundle)
     except ValidationError as exc:
         raise InvalidInput(f"invalid bundle: {exc}")
+    bundle = _enrich(bundle, k8s_enrich)
     try:
         diagnosis, _ev = diagnose_bundle(bundle)
     except InputError as exc:
@@ -96,7 +131,9 @@ class AnalysisProcess:
         child.close()
         self._proc, self._conn, self._tasks = proc, parent, 0
 
-    def run(self, path: str, encoding: str, *, timeout: float, size: int = 0) -> dict[str, Any]:
+    def run(
+        self, path: str, encoding: str, *, timeout: float, size: int = 0, k8s_enrich: str = "off"
+    ) -> dict[str, Any]:
         """Analyse in the child; raises AnalysisTimeout / AnalysisError."""
         if self._proc is None or not self._proc.is_alive():
             self.close()
@@ -105,7 +142,7 @@ class AnalysisProcess:
         assert proc is not None and conn is not None
         deadline = time.monotonic() + timeout
         try:
-            conn.send((path, encoding))
+            conn.send((path, encoding, k8s_enrich))
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:

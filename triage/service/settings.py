@@ -53,6 +53,7 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(default=600.0, gt=0)
     max_attempts: int = Field(default=3, ge=1, le=100)
     retry_backoff_seconds: float = Field(default=10.0, ge=0)
+    k8s_enrich: Literal["auto", "on", "off"] = "auto"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
 
