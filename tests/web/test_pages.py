@@ -150,3 +150,23 @@ def test_an_incident_not_yet_analysed_shows_its_status(tmp_path: Path) -> None:
         assert r.status_code == 303 and r.headers["location"].startswith("/tickets/")
     finally:
         app.close()
+
+
+def test_scale_up_requests_are_listed_with_their_decision(seeded: Seeded) -> None:
+    c = seeded.app.client
+    empty = c.get("/scale-up-requests")
+    assert empty.status_code == 200 and "No scale-up requests yet" in empty.text
+    report = {"gpus": 4, "mfu": 0.42, "gpu_utilization": 0.7, "step_time_s": 1.5, "requested_gpus": 64}
+    assert (
+        c.post("/api/v1/scale-up-requests", json={**report, "namespace": "ml", "job": "llama"}).status_code
+        == 201
+    )
+    low = {**report, "mfu": 0.30, "job": "<script>alert(1)</script>"}
+    assert c.post("/api/v1/scale-up-requests", json=low).status_code == 201
+    page = c.get("/scale-up-requests")
+    assert page.status_code == 200
+    rows = re.findall(r'<tr class="(approved|denied)">', page.text)
+    assert rows == ["denied", "approved"]  # newest first
+    assert "42.0%" in page.text and "30.0%" in page.text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text and "<script>" not in page.text
+    assert 'href="/scale-up-requests"' in c.get("/tickets").text

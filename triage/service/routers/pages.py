@@ -19,7 +19,7 @@ from starlette.background import BackgroundTask
 
 from triage.errors import InputError
 from triage.service.deps import BlobsDep, ReaderDep, ReadSessionDep, SettingsDep
-from triage.store.models import Incident, Ticket
+from triage.store.models import Incident, ScaleUpRequest, Ticket
 from triage.tickets import service
 from triage.web import render
 from triage.web.charts import render as render_chart
@@ -113,6 +113,19 @@ def ticket_page(
         db_session=db_session, ticket=ticket, public_url=settings.public_url, blob_root=blobs.root
     )
     return _page("ticket.html", user=user, v=view, render_chart=render_chart)
+
+
+@router.get("/scale-up-requests", response_class=HTMLResponse)
+def scaleup_page(
+    user: ReaderDep, db_session: ReadSessionDep, offset: Annotated[int, Query(ge=0, le=INT_MAX)] = 0
+) -> HTMLResponse:
+    """Scale-up requests and the contract's decision on each, newest first."""
+    from sqlalchemy import select
+
+    rows = db_session.scalars(
+        select(ScaleUpRequest).order_by(ScaleUpRequest.id.desc()).offset(offset).limit(PAGE_SIZE)
+    ).all()
+    return _page("scaleup.html", user=user, items=rows)
 
 
 def _incident(db_session: Any, incident_id: str) -> Incident | None:
