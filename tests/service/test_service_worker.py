@@ -49,11 +49,11 @@ def test_a_crashing_analysis_is_retried_then_failed_while_others_proceed(
     real = triage.worker.analyse_blob
     calls: list[str] = []
 
-    def flaky(path: str, encoding: str) -> dict[str, Any]:
+    def flaky(path: str, encoding: str, k8s_enrich: str = "off") -> dict[str, Any]:
         calls.append(path)
         if bad["incident_id"] in path:
             raise RuntimeError("engine exploded on this bundle")
-        return real(path, encoding)
+        return real(path, encoding, k8s_enrich)
 
     monkeypatch.setattr(triage.worker, "analyse_blob", flaky)
     for rank in range(3):
@@ -77,7 +77,7 @@ def test_a_failed_attempt_waits_for_its_backoff(
 
     svc = make_service(retry_backoff_seconds=3600)
 
-    def boom(path: str, encoding: str) -> dict[str, Any]:
+    def boom(path: str, encoding: str, k8s_enrich: str = "off") -> dict[str, Any]:
         raise RuntimeError("boom")
 
     monkeypatch.setattr(triage.worker, "analyse_blob", boom)
@@ -143,11 +143,11 @@ def test_concurrent_workers_claim_each_incident_once(
     seen: list[str] = []
     lock = threading.Lock()
 
-    def counting(path: str, encoding: str) -> dict[str, Any]:
+    def counting(path: str, encoding: str, k8s_enrich: str = "off") -> dict[str, Any]:
         with lock:
             seen.append(Path(path).name.rsplit("-", 1)[0])
         time.sleep(0.005)
-        return real(path, encoding)
+        return real(path, encoding, k8s_enrich)
 
     monkeypatch.setattr(triage.worker, "analyse_blob", counting)
     ids = [post(service.client, bundle(rank=r)).json()["incident_id"] for r in range(24)]
@@ -271,10 +271,10 @@ def test_two_replicas_share_one_store(
     seen: list[str] = []
     lock = threading.Lock()
 
-    def counting(path: str, encoding: str) -> dict[str, Any]:
+    def counting(path: str, encoding: str, k8s_enrich: str = "off") -> dict[str, Any]:
         with lock:
             seen.append(Path(path).name)
-        return real(path, encoding)
+        return real(path, encoding, k8s_enrich)
 
     monkeypatch.setattr(triage.worker, "analyse_blob", counting)
     a = make_service(worker=True, worker_concurrency=2, worker_poll_seconds=0.02)
