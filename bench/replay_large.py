@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import pickle
 import subprocess
 import sys
 import tempfile
@@ -47,10 +46,15 @@ def measure(cmd: list[str], repeat: int) -> tuple[float, int]:
 
 
 def make(entries: int, path: Path) -> None:
-    from triage.simulate.scenarios import large_trace_snapshot
-
-    snap = large_trace_snapshot(entries, frames_per_entry=20, seed=1)
-    path.write_bytes(pickle.dumps(snap, protocol=4))
+    """Generate in a child process: the measured processes are forked from this one, and a fork's peak RSS
+    starts at its parent's, so the parent must stay small."""
+    code = (
+        "import pickle, sys\n"
+        "from triage.simulate.scenarios import large_trace_snapshot\n"
+        f"snap = large_trace_snapshot({entries}, frames_per_entry=20, seed=1)\n"
+        f"open({str(path)!r}, 'wb').write(pickle.dumps(snap, protocol=4))\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
 
 
 def main() -> int:

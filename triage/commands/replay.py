@@ -42,6 +42,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import gc
+
+    gc.disable()  # a one-shot process over millions of acyclic objects: the cyclic collector only costs time
     from triage.commands.common import emit, read_text
     from triage.pipeline import diagnose_snapshot
     from triage.snapshot.frames import FrameClassifier

@@ -11,14 +11,40 @@ Standard library only (no torch): ``random.Random(seed)`` makes every run reprod
 
 from __future__ import annotations
 
-from triage.simulate.allocator import CachingAllocator, SimulatedOOM, format_size, oom_message
-from triage.simulate.scenarios import (
-    ScenarioResult,
-    labelled_set,
-    large_trace_snapshot,
-    run_scenario,
-    scenario_names,
-)
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from triage.simulate.allocator import CachingAllocator, SimulatedOOM, format_size, oom_message
+    from triage.simulate.scenarios import (
+        ScenarioResult,
+        labelled_set,
+        large_trace_snapshot,
+        run_scenario,
+        scenario_names,
+    )
+
+_WHERE = {
+    "CachingAllocator": "allocator",
+    "SimulatedOOM": "allocator",
+    "format_size": "allocator",
+    "oom_message": "allocator",
+    "ScenarioResult": "scenarios",
+    "labelled_set": "scenarios",
+    "large_trace_snapshot": "scenarios",
+    "run_scenario": "scenarios",
+    "scenario_names": "scenarios",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import lazily: the CLI imports ``triage.simulate.cli`` to build its parser on every command."""
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'triage.simulate' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"triage.simulate.{where}"), name)
+
 
 __all__ = [
     "CachingAllocator",

@@ -19,6 +19,7 @@ as well. Further bounds:
 
 from __future__ import annotations
 
+import gc
 import gzip
 import io
 import json
@@ -158,9 +159,23 @@ def default_memory_budget(input_bytes: int) -> int:
     return max(1024**3, 24 * input_bytes)
 
 
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Decoding creates millions of acyclic objects; the cyclic collector would scan them again and
+    again for nothing (about a third of the decode time). Paused for the decode, restored after."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def _unpickle(stream: IO[bytes], what: str) -> Any:
     try:
-        return _RefusingUnpickler(stream).load()
+        with _gc_paused():
+            return _RefusingUnpickler(stream).load()
     except ForbiddenGlobal as exc:
         raise ForbiddenGlobal(f"{what}: {exc}") from None
     except InputError:
@@ -185,7 +200,8 @@ def _unpickle(stream: IO[bytes], what: str) -> Any:
 
 def _decode_json(data: bytes, what: str) -> Any:
     try:
-        return json.loads(data)
+        with _gc_paused():
+            return json.loads(data)
     except RecursionError:
         raise TooDeep(f"{what}: JSON nested too deeply")
     except MemoryError:

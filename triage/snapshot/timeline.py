@@ -13,10 +13,11 @@ One pass over the entries, no per-entry objects: a 1,000,000-entry trace is walk
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass, field
-from itertools import accumulate
-from operator import methodcaller
+from itertools import accumulate, compress, repeat
+from operator import itemgetter, methodcaller, mul
 from typing import Any
 
 from triage.errors import NotASnapshot
@@ -86,8 +87,19 @@ class DeviceTimeline:
     levels: array[int] = field(repr=False, default_factory=lambda: array("q"))
     # entry index of every alloc, in order
     alloc_indices: list[int] = field(repr=False, default_factory=list)
-    # bytes allocated (Σ alloc sizes) up to and including each entry
-    volumes: array[int] = field(repr=False, default_factory=lambda: array("q"))
+    action_column: list[Any] = field(repr=False, default_factory=list)
+    size_column: list[Any] = field(repr=False, default_factory=list)
+    _volumes: array[int] | None = field(repr=False, default=None)
+
+    @property
+    def volumes(self) -> array[int]:
+        """Bytes allocated (Σ alloc sizes) up to and including each entry; computed on first use."""
+        if self._volumes is None:
+            self._volumes = array(
+                "q",
+                accumulate(map(mul, map(_VOLUME_SIGN.get, self.action_column, repeat(0)), self.size_column)),
+            )
+        return self._volumes
 
     def level_at(self, index: int) -> int:
         return self.levels[index] + self.start_allocated
@@ -146,6 +158,23 @@ def _final_levels(snapshot: Snapshot, device: int) -> tuple[int, int, dict[int, 
 
 _SEG_UP = frozenset({"segment_alloc", "segment_map"})
 _SEG_DOWN = frozenset({"segment_free", "segment_unmap"})
+_ALLOC_SIGN = {"alloc": 1, "free_requested": -1}
+_VOLUME_SIGN = {"alloc": 1}
+_RESERVE_SIGN = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
+
+
+def _reserved_at(index: int, seg_idx: list[int], res_steps: list[int]) -> int:
+    """Reserved bytes (relative to the start) after entry ``index``, from the sparse segment events."""
+    k = bisect_right(seg_idx, index)
+    return res_steps[k - 1] if k else 0
+
+
+def _column(entries: list[RawEntry], key: str, default: Any) -> list[Any]:
+    """One field of every entry: itemgetter at C speed, dict.get where some entry lacks it (``oom``)."""
+    try:
+        return list(map(itemgetter(key), entries))
+    except KeyError:
+        return list(map(methodcaller("get", key, default), entries))
 
 
 def replay_device(snapshot: Snapshot, device: int, max_points: int = MAX_POINTS) -> DeviceTimeline:
@@ -154,37 +183,28 @@ def replay_device(snapshot: Snapshot, device: int, max_points: int = MAX_POINTS)
     n = len(entries)
     final_alloc, final_res, active, seg_addrs = _final_levels(snapshot, device)
 
-    actions = list(map(methodcaller("get", "action"), entries))
-    sizes = list(map(methodcaller("get", "size", 0), entries))
-    addrs = list(map(methodcaller("get", "addr", 0), entries))
+    actions = _column(entries, "action", None)
+    sizes = _column(entries, "size", 0)
     counts = Counter(actions)
     try:
-        alloc_sizes = [sz if a == "alloc" else 0 for a, sz in zip(actions, sizes, strict=True)]
-        volumes = array("q", accumulate(alloc_sizes))
-        levels = array(
-            "q",
-            accumulate(
-                sz if a == "alloc" else -sz if a == "free_requested" else 0
-                for a, sz in zip(actions, sizes, strict=True)
-            ),
-        )
-        if any(a in counts for a in (*_SEG_UP, *_SEG_DOWN)):
-            res_levels = array(
-                "q",
-                accumulate(
-                    sz if a in _SEG_UP else -sz if a in _SEG_DOWN else 0
-                    for a, sz in zip(actions, sizes, strict=True)
-                ),
-            )
-        else:
-            res_levels = array("q", bytes(8 * n))
+        # signed sizes per action, as C-level map chains (no Python frame per entry)
+        levels = array("q", accumulate(map(mul, map(_ALLOC_SIGN.get, actions, repeat(0)), sizes)))
+        # reserved memory moves only at segment events (a few hundred): keep it sparse
+        seg_idx = [
+            i
+            for a in (*_SEG_UP, *_SEG_DOWN)
+            if a in counts
+            for i in compress(range(n), map(a.__eq__, actions))
+        ]
+        seg_idx.sort()
+        res_steps = list(accumulate(_RESERVE_SIGN[actions[i]] * sizes[i] for i in seg_idx))
     except (TypeError, OverflowError):
         raise NotASnapshot(
             f"{snapshot.source or 'snapshot'}: a trace entry of device {device} has a non-integer size"
         )
 
     cur_a = levels[-1] if n else 0
-    cur_r = res_levels[-1] if n else 0
+    cur_r = res_steps[-1] if res_steps else 0
     start_alloc = final_alloc - cur_a
     start_res = final_res - cur_r
 
@@ -196,18 +216,21 @@ def replay_device(snapshot: Snapshot, device: int, max_points: int = MAX_POINTS)
             peak_a_rel, peak_a_i = 0, -1
     peak_r_rel, peak_r_i = 0, -1
     if n:
-        top = max(res_levels)
+        top = max(res_steps, default=0)
         if top > 0:
-            peak_r_rel, peak_r_i = top, res_levels.index(top)
+            peak_r_rel, peak_r_i = top, seg_idx[res_steps.index(top)]
 
     # the live set and what ended freed, from the last alloc / free per address
-    alloc_idx = [i for i, a in enumerate(actions) if a == "alloc"]
-    last_alloc = {addrs[i]: i for i in alloc_idx}
-    last_free = {addrs[i]: i for i, a in enumerate(actions) if a == "free_requested"}
+    alloc_idx = list(compress(range(n), map("alloc".__eq__, actions)))
+    free_idx = list(compress(range(n), map("free_requested".__eq__, actions)))
+    last_alloc = dict(
+        zip(_column(list(map(entries.__getitem__, alloc_idx)), "addr", 0), alloc_idx, strict=True)
+    )
+    last_free = dict(zip(_column(list(map(entries.__getitem__, free_idx)), "addr", 0), free_idx, strict=True))
     live = {a: i for a, i in last_alloc.items() if last_free.get(a, -1) < i}
     ended_freed = [a for a, i in last_free.items() if last_alloc.get(a, -1) < i]
 
-    frames_of = [entries[i].get("frames") for i in alloc_idx]
+    frames_of = list(map(methodcaller("get", "frames"), map(entries.__getitem__, alloc_idx)))
     by_stack: Counter[int] = Counter(map(id, filter(None, frames_of)))
     stacks: dict[int, list[dict[str, Any]]] = {id(f): f for f in frames_of if f}
 
@@ -216,7 +239,12 @@ def replay_device(snapshot: Snapshot, device: int, max_points: int = MAX_POINTS)
     stride = max(1, n // max_points)
     idx = sorted({*range(0, n, stride), *([n - 1] if n else []), *oom_indices})
     points = [
-        TimelinePoint(i, entries[i].get("time_us"), levels[i] + start_alloc, res_levels[i] + start_res)
+        TimelinePoint(
+            i,
+            entries[i].get("time_us"),
+            levels[i] + start_alloc,
+            _reserved_at(i, seg_idx, res_steps) + start_res,
+        )
         for i in idx
     ]
     has_time = False
@@ -241,8 +269,14 @@ def replay_device(snapshot: Snapshot, device: int, max_points: int = MAX_POINTS)
             cons.mismatched_blocks += 1
     expandable = any(s.is_expandable for s in snapshot.segments if s.device == device)
     if not expandable and (counts.get("segment_alloc") or counts.get("segment_free")):
-        seg_last_alloc = {addrs[i]: i for i, a in enumerate(actions) if a == "segment_alloc"}
-        seg_last_free = {addrs[i]: i for i, a in enumerate(actions) if a == "segment_free"}
+        seg_alloc_idx = list(compress(range(n), map("segment_alloc".__eq__, actions)))
+        seg_free_idx = list(compress(range(n), map("segment_free".__eq__, actions)))
+        seg_last_alloc = dict(
+            zip(_column(list(map(entries.__getitem__, seg_alloc_idx)), "addr", 0), seg_alloc_idx, strict=True)
+        )
+        seg_last_free = dict(
+            zip(_column(list(map(entries.__getitem__, seg_free_idx)), "addr", 0), seg_free_idx, strict=True)
+        )
         for addr, i in seg_last_alloc.items():
             cons.checked_segments += 1
             if (seg_last_free.get(addr, -1) < i) != (addr in seg_addrs):
@@ -288,7 +322,8 @@ def replay_device(snapshot: Snapshot, device: int, max_points: int = MAX_POINTS)
         stacks=stacks,
         raw=entries,
         levels=levels,
-        volumes=volumes,
+        action_column=actions,
+        size_column=sizes,
     )
 
 
