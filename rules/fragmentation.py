@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rules.base import CANDIDATE, LIKELY, POSSIBLE, STRONG, Finding
-from rules.workload_too_large import _batch_grew
 from triage.units import human
 
 if TYPE_CHECKING:
@@ -80,7 +79,7 @@ def evaluate(ev: Evidence) -> Finding | None:
             "Live memory grew step after step: the holes are a symptom of the growth, not its cause."
         )
         f.score -= 0.25
-    if _batch_grew(ev):
+    if ev.batch_grew_from:
         f.facts.append("The batch size grew just before the OOM: the demand changed, not the layout.")
         f.score -= 0.3
     if ev.other_process_bytes and ev.other_process_bytes > ru:

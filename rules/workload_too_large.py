@@ -19,6 +19,7 @@ reserved (its reservation plus the device's free memory, capped by a fraction ca
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -50,25 +51,11 @@ def usable_bytes(ev: Evidence) -> int | None:
 def _completed_steps(ev: Evidence) -> list[tuple[int, int, int]]:
     """(start level, peak, batch) of each completed step the collector sampled: a step starts at the
     live memory the previous one ended with."""
-    samples = ev.bundle.get("timeline") if isinstance(ev.bundle, dict) else None
-    if not isinstance(samples, list):
-        return []
     out: list[tuple[int, int, int]] = []
-    prev: int | None = None
-    for s in samples:
-        if not isinstance(s, dict):
-            continue
-        alloc, peak = s.get("allocated_bytes"), s.get("peak_allocated_bytes")
-        batch = s.get("batch_size") or ev.batch_size
-        if (
-            isinstance(alloc, int)
-            and isinstance(peak, int)
-            and isinstance(batch, int)
-            and batch > 0
-            and prev is not None
-        ):
-            out.append((prev, peak, batch))
-        prev = alloc if isinstance(alloc, int) else prev
+    for prev, cur in itertools.pairwise(ev.steps):
+        batch = cur.batch_size or ev.batch_size
+        if batch and batch > 0:
+            out.append((prev.allocated_bytes, cur.peak_allocated_bytes, batch))
     return out
 
 
@@ -84,7 +71,7 @@ def estimate_max_batch(ev: Evidence) -> tuple[int | None, dict[str, Any]]:
     if steps:
         # the most demanding completed step per sample; the next step starts where the last one ended
         per_sample = max((peak - start) / b for start, peak, b in steps)
-        fixed = _last_level(ev)
+        fixed = ev.steps[-1].allocated_bytes
         info["source"] = f"{len(steps)} completed steps"
         trend = ev.trend
         if fixed is not None and trend is not None and trend.plateaued and trend.early_growth_bytes > 0:
@@ -113,14 +100,6 @@ def estimate_max_batch(ev: Evidence) -> tuple[int | None, dict[str, Any]]:
     return max(0, est), info
 
 
-def _last_level(ev: Evidence) -> int | None:
-    samples = ev.bundle.get("timeline") if isinstance(ev.bundle, dict) else None
-    for s in reversed(samples or []):
-        if isinstance(s, dict) and isinstance(s.get("allocated_bytes"), int):
-            return int(s["allocated_bytes"])
-    return None
-
-
 def _fixed_from_trace(ev: Evidence) -> int:
     """Live memory before the failing step began: the lowest level after the last step boundary.
 
@@ -133,17 +112,6 @@ def _fixed_from_trace(ev: Evidence) -> int:
     # a step boundary: the last point where live memory was at its lowest since the trace began
     lo = min(tl.levels[: end + 1]) + tl.start_allocated
     return max(0, lo)
-
-
-def _batch_grew(ev: Evidence) -> int:
-    """The completed steps' largest batch when the failing step's batch is larger (a ramp), else 0."""
-    samples = ev.bundle.get("timeline") if isinstance(ev.bundle, dict) else None
-    sizes = [
-        s["batch_size"] for s in samples or [] if isinstance(s, dict) and isinstance(s.get("batch_size"), int)
-    ]
-    if sizes and ev.batch_size is not None and ev.batch_size > max(sizes):
-        return max(sizes)
-    return 0
 
 
 def _promised_bytes(ev: Evidence) -> int | None:
@@ -199,7 +167,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         and trend.steps >= 3
         and needed is not None
         and needed <= trend.peak_bytes
-        and not _batch_grew(ev)
+        and not ev.batch_grew_from
     ):
         f.facts.append(
             f"{trend.steps} steps of this size completed before (peak {human(trend.peak_bytes)}): "
@@ -217,7 +185,7 @@ def evaluate(ev: Evidence) -> Finding | None:
             f"{human(ev.free_in_pool_bytes)} was free in the request's own pool: packed, it would have fitted."
         )
         f.score -= 0.2
-    grown = _batch_grew(ev)
+    grown = ev.batch_grew_from
     if grown:
         f.facts.append(
             f"The batch grew to {ev.batch_size} (from at most {grown} in the completed steps): "

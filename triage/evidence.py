@@ -60,6 +60,31 @@ class Process:
 
 
 @dataclass(slots=True)
+class StepSample:
+    """Live memory after one optimizer step, the step's peak, and its batch size (from the collector)."""
+
+    step: int
+    allocated_bytes: int
+    peak_allocated_bytes: int
+    batch_size: int | None
+
+
+def _step_samples(samples: Sequence[Any]) -> list[StepSample]:
+    out = []
+    for i, s in enumerate(samples):
+        if not isinstance(s, dict):
+            continue
+        a = _int(s.get("allocated_bytes"))
+        if a is None:
+            continue
+        step = _int(s.get("step"))
+        peak = _int(s.get("peak_allocated_bytes")) or a
+        out.append(StepSample(step if step is not None else i, a, peak, _int(s.get("batch_size"))))
+    out.sort(key=lambda x: x.step)
+    return out
+
+
+@dataclass(slots=True)
 class StepTrend:
     """Live memory after each step (the collector samples it at every optimizer step)."""
 
@@ -135,20 +160,10 @@ class Survivors:
         return self.cycles / self.gaps if self.gaps else 0.0
 
 
-def _trend(samples: Sequence[dict[str, Any]]) -> StepTrend | None:
-    pts: list[tuple[int, int, int]] = []
-    for i, s in enumerate(samples):
-        if not isinstance(s, dict):
-            continue
-        a = _int(s.get("allocated_bytes"))
-        if a is None:
-            continue
-        step = _int(s.get("step"))
-        peak = _int(s.get("peak_allocated_bytes")) or a
-        pts.append((step if step is not None else i, a, peak))
+def _trend(samples: Sequence[Any]) -> StepTrend | None:
+    pts = [(s.step, s.allocated_bytes, s.peak_allocated_bytes) for s in _step_samples(samples)]
     if len(pts) < 3:
         return None
-    pts.sort()
     vals = [a for _, a, _ in pts]
     n = len(vals)
     diffs = [b - a for a, b in itertools.pairwise(vals)]
@@ -230,6 +245,7 @@ class Evidence:
     non_pytorch_bytes: int | None = None
     batch_size: int | None = None
     step: int | None = None
+    steps: list[StepSample] = field(default_factory=list)  # completed steps the collector sampled
     trend: StepTrend | None = None
     survivors: list[Survivors] = field(default_factory=list)
     oom_entry: TraceEntry | None = None
@@ -285,6 +301,14 @@ class Evidence:
         if self.allocated_bytes is None or self.request_bytes is None:
             return None
         return self.allocated_bytes + self.request_bytes
+
+    @property
+    def batch_grew_from(self) -> int:
+        """The completed steps' largest batch when the failing step's batch is larger (a ramp), else 0."""
+        sizes = [s.batch_size for s in self.steps if s.batch_size is not None]
+        if sizes and self.batch_size is not None and self.batch_size > max(sizes):
+            return max(sizes)
+        return 0
 
     def survivors_at(self, site: Site) -> Survivors | None:
         for s in self.survivors:
@@ -552,6 +576,7 @@ def _workload(ev: Evidence, batch_size: int | None) -> None:
     ev.step = _int(wl.get("step")) if isinstance(wl, dict) else None
     tl = _get(ev.bundle, "timeline")
     if isinstance(tl, list):
+        ev.steps = _step_samples(tl)
         ev.trend = _trend(tl)
 
 
