@@ -282,6 +282,8 @@ def test_too_large_at_step_zero_estimates_max_batch() -> None:
 
 
 def test_max_batch_from_completed_steps() -> None:
+    from triage.evidence import _step_samples
+
     # fixed 20 GiB, peaks 20 + 32*1 GiB at batch 32 → 1 GiB per sample; usable 70 + 8 = 78 GiB → 58,
     # but batch 32 itself just failed (a longer sequence, say): the answer is capped below it
     timeline = [
@@ -291,7 +293,7 @@ def test_max_batch_from_completed_steps() -> None:
     ev = cuda(
         step=5,
         batch_size=32,
-        bundle={"timeline": timeline},
+        steps=_step_samples(timeline),
         reserved_bytes=70 * GiB,
         allocated_bytes=50 * GiB,
         device_free_bytes=8 * GiB,
