@@ -133,3 +133,25 @@ def test_diagnose_cli_json_on_a_log(tmp_path: Path) -> None:
         "actions",
         "summary",
     }
+
+
+def test_replay_accepts_an_incident_bundle(tmp_path: Path) -> None:
+    """What the collector spools (and the service's bundle.json download) replays like a snapshot."""
+    import gzip
+
+    r = run_scenario("tensor_leak", 0)
+    path = tmp_path / "incident.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(r.bundle).encode()))
+    out = run_cli("replay", str(path), "--json")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["verdict"] == "tensor_leak"
+    assert (d["leak_site"]["filename"], d["leak_site"]["line"]) == (
+        r.truth["leak_site"]["filename"],
+        r.truth["leak_site"]["line"],
+    )
+    # a JSON document that is neither a snapshot nor a bundle is still refused
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"schema": "something-else"}))
+    bad = run_cli("replay", str(other), "--json")
+    assert bad.returncode == 2 and b"no `segments` key" in bad.stderr

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from triage.snapshot.model import Snapshot
@@ -46,16 +46,43 @@ def run(args: argparse.Namespace) -> int:
 
     gc.disable()  # a one-shot process over millions of acyclic objects: the cyclic collector only costs time
     from triage.commands.common import emit, read_text
-    from triage.pipeline import diagnose_snapshot
+    from triage.errors import NotASnapshot
+    from triage.pipeline import diagnose_bundle, diagnose_snapshot
     from triage.snapshot.frames import FrameClassifier
 
     message = read_text(args.message_file) if args.message_file else None
     classifier = FrameClassifier.with_patterns(args.user_code, args.library)
-    snapshot = _load_with_progress(args.path, quiet=args.json, max_bytes=_max_bytes(args.max_bytes))
+    max_bytes = _max_bytes(args.max_bytes)
+    try:
+        snapshot = _load_with_progress(args.path, quiet=args.json, max_bytes=max_bytes)
+    except NotASnapshot:
+        # an incident bundle (what the collector spools, or the service's bundle.json download) replays too
+        bundle = _bundle_or_none(args.path, max_bytes)
+        if bundle is None:
+            raise
+        if args.batch_size:
+            bundle.setdefault("workload", {})["batch_size"] = args.batch_size
+        if message:
+            bundle.setdefault("error", {})["message"] = message
+        d, ev = diagnose_bundle(bundle, classifier=classifier)
+        return emit(d, ev, args, title=f"triage replay {args.path}")
     d, ev = diagnose_snapshot(
         snapshot, message=message, batch_size=args.batch_size, classifier=classifier, rules=not args.no_rules
     )
     return emit(d, ev, args, title=f"triage replay {args.path}")
+
+
+def _bundle_or_none(path: str, max_bytes: int) -> dict[str, Any] | None:
+    from triage.snapshot.loader import load_raw
+
+    raw = load_raw(path, max_bytes=max_bytes)
+    if isinstance(raw, dict) and raw.get("schema") == "oom-triage/incident@1":
+        if not isinstance(raw.get("workload"), dict):
+            raw["workload"] = {}
+        if not isinstance(raw.get("error"), dict):
+            raw["error"] = {}
+        return raw
+    return None
 
 
 def _max_bytes(arg: int | None) -> int:
