@@ -35,7 +35,9 @@ def read_text(path: str) -> str:
     if len(data) > MAX_TEXT_BYTES:
         raise InputError(f"{path}: larger than {MAX_TEXT_BYTES} bytes")
     if b"\x00" in data[:4096] and not data.lstrip().startswith((b"{", b"[")):
-        raise InputError(f"{path}: binary data, not a log (for a snapshot use `triage replay`)")
+        raise InputError(
+            f"{path}: binary data, not a log or error text (a snapshot is the argument of `triage replay`, not its --message-file)"
+        )
     return data.decode("utf-8", errors="replace")
 
 
