@@ -218,7 +218,16 @@ def evaluate(ev: Evidence) -> Finding | None:
             f"at most {est} samples fit in {human(info['usable_bytes'])}{bound}."
         )
     if ev.batch_size:
-        if est is not None and est >= 1:
+        if est is not None and est >= 1 and "upper" in info.get("source", ""):
+            # the failing step never reached its peak: N is a ceiling, not a fit; start well below it
+            start = max(1, est // 2)
+            accum = max(2, math.ceil(ev.batch_size / start))
+            f.actions.append(
+                f"At most {est} samples can fit, likely fewer (the step failed before its peak): try "
+                f"{start} with gradient accumulation over {accum} micro-batches; with the collector on, the "
+                "next ticket measures a completed step and gives the exact maximum."
+            )
+        elif est is not None and est >= 1:
             accum = max(2, math.ceil(ev.batch_size / max(1, est)))
             f.actions.append(
                 f"Lower the batch size from {ev.batch_size} to {est} and keep the effective batch with "
