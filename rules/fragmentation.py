@@ -88,7 +88,13 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.facts.append(
             f"The cached free memory is under {MIN_WASTE_FRACTION:.0%} of what the job may hold: a minor factor."
         )
-        f.score -= 0.15
+        f.score = min(f.score - 0.15, POSSIBLE)  # packing it would not have bought the job anything real
+    if free >= req and (ev.fraction_cap_bytes or ev.vgpu_limit_bytes or ev.fraction_rejected):
+        # with the device able to give a new segment, only a cap refused it: the layout did not decide
+        f.facts.append(
+            f"The device still had {human(free)} free, enough for a new segment: a cap refused it, not the layout."
+        )
+        f.score = min(f.score, CANDIDATE)
     if ev.expandable_segments:
         f.facts.append(
             "expandable_segments is already on, so torch's hint to enable it does not apply; "

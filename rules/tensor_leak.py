@@ -153,7 +153,14 @@ def evaluate(ev: Evidence) -> Finding | None:
             f.score = min(f.score, 0.4)
     elif trend_growing and trend is not None:
         f.score = LIKELY + 0.05 if trend.steps >= 8 else LIKELY - 0.1
-        if trend.steps >= 8 and trend.rising_fraction >= 0.9 and limit and trend.growth_bytes >= 0.10 * limit:
+        if (
+            trend.rising_fraction >= 0.9
+            and limit
+            and (
+                (trend.steps >= 8 and trend.growth_bytes >= 0.10 * limit)
+                or (trend.steps >= 4 and trend.growth_bytes >= 0.25 * limit)
+            )
+        ):
             # steady growth over many steps that ate a sixth of the device: nothing else looks like this
             f.score = STRONG
         if ev.has_trace and ev.has_frames:

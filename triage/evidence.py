@@ -663,7 +663,7 @@ def _is_cycle(tl: DeviceTimeline, a: int, c: int) -> bool:
         return False
     net = tl.level_at(c - 1) - level_a
     volume = tl.volumes[c - 1] - tl.volumes[a]
-    return volume >= 4 * max(net, s, 1)
+    return volume >= 4 * max(net, 1)
 
 
 def _contract(ev: Evidence) -> None:

@@ -22,7 +22,7 @@ from rules import (
 from rules.base import CANDIDATE, LIKELY, STRONG
 from triage.engine import diagnose
 from triage.evidence import Evidence, Process, StepTrend
-from triage.units import GiB, MiB
+from triage.units import GiB, KiB, MiB
 
 
 def cuda(**kw: Any) -> Evidence:
@@ -328,3 +328,18 @@ def test_contract_violations_of_the_pod_are_cited_whatever_the_verdict() -> None
     contract = [e for e in d.evidence if e.rule == "contract"]
     assert contract and all(e.value and e.value["contract_version"] for e in contract)
     assert any("/dev/shm" in e.fact for e in contract)
+
+
+def test_fragmentation_with_a_capped_process_and_a_free_device_is_the_cap() -> None:
+    ev = _frag(largest=1 * MiB, ru=6 * GiB)
+    ev.fraction_cap_bytes = 40 * GiB
+    ev.device_free_bytes = 30 * GiB
+    f = fragmentation.evaluate(ev)
+    assert f is not None and f.score <= CANDIDATE
+    assert any("a cap refused it" in s for s in f.facts)
+
+
+def test_tiny_holes_are_never_a_confident_fragmentation() -> None:
+    ev = _frag(largest=512 * KiB, ru=3 * MiB, req=2 * MiB)
+    f = fragmentation.evaluate(ev)
+    assert f is not None and f.score < 0.6
