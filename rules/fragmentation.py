@@ -43,7 +43,8 @@ def evaluate(ev: Evidence) -> Finding | None:
     limit = ev.limit_bytes or (ev.reserved_bytes or 0) + free
     if ru < req:
         return None  # not enough cached memory to have served the request: not fragmentation
-    small_waste = bool(limit) and ru < MIN_WASTE_FRACTION * limit
+    usable_waste = ev.free_in_pool_bytes if ev.has_snapshot and ev.free_in_pool_bytes is not None else ru
+    small_waste = bool(limit) and usable_waste < MIN_WASTE_FRACTION * limit
     f = Finding(rule=ID, verdict=VERDICT, score=CANDIDATE)
     f.values.update({"request_bytes": req, "free_in_reserved_bytes": ru, "device_free_bytes": free})
     largest = ev.largest_free_block_bytes if ev.has_snapshot else None
@@ -89,6 +90,13 @@ def evaluate(ev: Evidence) -> Finding | None:
             f"The cached free memory is under {MIN_WASTE_FRACTION:.0%} of what the job may hold: a minor factor."
         )
         f.score = min(f.score - 0.15, POSSIBLE)  # packing it would not have bought the job anything real
+    promised = ev.promised_bytes
+    needed = ev.needed_bytes
+    if promised is not None and needed is not None and needed <= 0.9 * promised:
+        f.facts.append(
+            f"The job would fit the {human(promised)} it was promised: the holes only matter at a limit set below that."
+        )
+        f.score -= 0.3
     if free >= req and (ev.fraction_cap_bytes or ev.vgpu_limit_bytes or ev.fraction_rejected):
         # with the device able to give a new segment, only a cap refused it: the layout did not decide
         f.facts.append(

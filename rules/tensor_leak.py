@@ -174,8 +174,8 @@ def evaluate(ev: Evidence) -> Finding | None:
         _lead(ev, f)
     elif trend is not None and trend.steps >= 8 and trend.rising_fraction >= 0.9 and not trend.plateaued:
         # a small rise after every single step: live memory after a step is exact to the byte in a
-        # healthy loop, so even a few KiB a step is something kept
-        f.score = LIKELY - 0.05
+        # healthy loop, so even a few KiB a step is something kept; the longer the run, the surer
+        f.score = LIKELY if trend.steps >= 20 and trend.rising_fraction >= 0.95 else LIKELY - 0.05
         f.facts.append(
             f"Live memory after each step rose in {trend.rising_fraction:.0%} of {trend.steps} steps, by "
             f"{human(trend.growth_bytes)} in all: small, but something is kept every step."

@@ -114,16 +114,6 @@ def _fixed_from_trace(ev: Evidence) -> int:
     return max(0, lo)
 
 
-def _promised_bytes(ev: Evidence) -> int | None:
-    """Memory the job was promised when a platform limit sits below it (declared GPU, MIG, cap, vGPU)."""
-    limited = ev.limit_bytes
-    if ev.declared_total_bytes and limited and ev.declared_total_bytes > limited * 1.05:
-        return ev.declared_total_bytes
-    if ev.total_bytes and limited and limited < ev.total_bytes * 0.98:
-        return ev.total_bytes  # a fraction cap or a vGPU limit below the device
-    return None
-
-
 def evaluate(ev: Evidence) -> Finding | None:
     if not ev.is_cuda_oom:
         return None
@@ -192,7 +182,7 @@ def evaluate(ev: Evidence) -> Finding | None:
             "the first step at the new size failed."
         )
         f.score = max(f.score, LIKELY) + 0.15
-    promised = _promised_bytes(ev)
+    promised = ev.promised_bytes
     if promised is not None and needed is not None and needed <= 0.9 * promised:
         f.facts.append(
             f"It would fit the {human(promised)} it was promised: the limit it hit is not its own size."

@@ -303,6 +303,16 @@ class Evidence:
         return self.allocated_bytes + self.request_bytes
 
     @property
+    def promised_bytes(self) -> int | None:
+        """Memory the job was promised when a platform limit sits below it (declared GPU, MIG, cap, vGPU)."""
+        limited = self.limit_bytes
+        if self.declared_total_bytes and limited and self.declared_total_bytes > limited * 1.05:
+            return self.declared_total_bytes
+        if self.total_bytes and limited and limited < self.total_bytes * 0.98:
+            return self.total_bytes  # a fraction cap or a vGPU limit below the device
+        return None
+
+    @property
     def batch_grew_from(self) -> int:
         """The completed steps' largest batch when the failing step's batch is larger (a ramp), else 0."""
         sizes = [s.batch_size for s in self.steps if s.batch_size is not None]
