@@ -75,7 +75,8 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.missing.append("a snapshot (the largest free block decides whether the cached memory was usable)")
         f.score = POSSIBLE - 0.05
     trend = ev.trend
-    if trend is not None and trend.steps >= 3 and trend.rising_fraction >= 0.7 and not trend.plateaued:
+    growing = trend is not None and (trend.rising_fraction >= 0.7 or trend.never_falls)
+    if trend is not None and growing and trend.steps >= 3 and not trend.plateaued:
         f.facts.append(
             "Live memory grew step after step: the holes are a symptom of the growth, not its cause."
         )
@@ -90,6 +91,13 @@ def evaluate(ev: Evidence) -> Finding | None:
             f"The cached free memory is under {MIN_WASTE_FRACTION:.0%} of what the job may hold: a minor factor."
         )
         f.score = min(f.score - 0.15, POSSIBLE)  # packing it would not have bought the job anything real
+    if ev.step is not None and ev.step <= 1:
+        # holes build up over iterations of a varying workload; in the first steps the batch itself is the
+        # likelier story, and the snapshot cannot tell the two apart
+        f.facts.append(
+            f"It failed at step {ev.step}: too early for holes to have built up; the batch may just be too large."
+        )
+        f.score -= 0.25
     promised = ev.promised_bytes
     needed = ev.needed_bytes
     if promised is not None and needed is not None and needed <= 0.9 * promised:

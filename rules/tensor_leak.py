@@ -154,7 +154,7 @@ def evaluate(ev: Evidence) -> Finding | None:
     elif trend_growing and trend is not None:
         f.score = LIKELY + 0.05 if trend.steps >= 8 else LIKELY - 0.1
         if (
-            trend.rising_fraction >= 0.9
+            trend.never_falls
             and limit
             and (
                 (trend.steps >= 8 and trend.growth_bytes >= 0.10 * limit)
@@ -163,7 +163,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         ):
             # steady growth over many steps that ate a sixth of the device: nothing else looks like this
             f.score = STRONG
-        if ev.has_trace and ev.has_frames:
+        if ev.has_trace and ev.has_frames and f.score < STRONG:
             # the trace should have shown the survivors: keep the verdict, lower the confidence
             f.score -= 0.1
             f.missing.append("the allocator trace does not reach back far enough to show the leaking site")

@@ -105,6 +105,11 @@ class StepTrend:
     tail_slope_ratio: float  # mean change over the last quarter / mean change before it (1.0 = steady)
 
     @property
+    def never_falls(self) -> bool:
+        """Rises in most steps, or in some and never falls (a tensor kept every other step)."""
+        return self.rising_fraction >= 0.9 or (self.falling_fraction <= 0.05 and self.rising_fraction >= 0.25)
+
+    @property
     def plateaued(self) -> bool:
         """Grew, then stopped: the last third adds under a tenth of the first two thirds' growth, or the
         last changes (at least 3, and a quarter of all) stayed flat."""

@@ -343,3 +343,11 @@ def test_tiny_holes_are_never_a_confident_fragmentation() -> None:
     ev = _frag(largest=512 * KiB, ru=3 * MiB, req=2 * MiB)
     f = fragmentation.evaluate(ev)
     assert f is not None and f.score < 0.6
+
+
+@pytest.mark.parametrize(("step", "confident"), [(2, True), (1, False)])
+def test_fragmentation_in_the_first_steps_is_not_confident(step: int, confident: bool) -> None:
+    ev = _frag(largest=512 * MiB - 1, ru=6 * GiB)
+    ev.step = step
+    f = fragmentation.evaluate(ev)
+    assert f is not None and (f.score >= 0.6) is confident
