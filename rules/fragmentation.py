@@ -97,7 +97,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.facts.append(
             f"It failed at step {ev.step}: too early for holes to have built up; the batch may just be too large."
         )
-        f.score -= 0.25
+        f.score -= 0.3
     promised = ev.promised_bytes
     needed = ev.needed_bytes
     if promised is not None and needed is not None and needed <= 0.9 * promised:
