@@ -69,11 +69,6 @@ def _lead(ev: Evidence, f: Finding) -> None:
     )
 
 
-def _steps_phrase(ev: Evidence, s: Survivors) -> str:
-    steps = s.cycles + 1
-    return f"over at least {steps} steps"
-
-
 def evaluate(ev: Evidence) -> Finding | None:
     f = Finding(rule=ID, verdict=VERDICT, score=0.0)
     limit = ev.limit_bytes or 0
@@ -119,7 +114,7 @@ def evaluate(ev: Evidence) -> Finding | None:
             f"at {st.site.label}" if st.site.kind in ("user", "library") else "(no stack recorded for them)"
         )
         f.facts.append(
-            f"{st.count} blocks, {human(st.bytes)}, allocated {where} {_steps_phrase(ev, leak)} are still alive "
+            f"{st.count} blocks, {human(st.bytes)}, allocated {where} over at least {leak.cycles + 1} steps are still alive "
             f"({leak.freed_at_site} of the site's {max(st.allocs_in_trace, st.traced)} allocations in the trace were freed)."
         )
         f.values.update(

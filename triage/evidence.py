@@ -325,12 +325,6 @@ class Evidence:
             return max(sizes)
         return 0
 
-    def survivors_at(self, site: Site) -> Survivors | None:
-        for s in self.survivors:
-            if s.site == site:
-                return s
-        return None
-
 
 # ---------------------------------------------------------------------------- building
 
