@@ -90,6 +90,17 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.values["vgpu_limit_bytes"] = ev.vgpu_limit_bytes
         f.score = max(f.score, LIKELY + 0.05)
         f.actions.append("Raise the job's vGPU memory quota (e.g. nvidia.com/gpumem) or give it a whole GPU.")
+    m = ev.message
+    if f.score <= 0 and m is not None and m.format == "nvml-assert":
+        f.facts.append(
+            "The OOM surfaced as an NVML INTERNAL ASSERT in the caching allocator: that is how it shows on MIG "
+            "slices (and in containers where NVML cannot see the process)."
+        )
+        f.missing.append("the device name or MIG profile (the collector records both) to confirm a slice")
+        f.score = POSSIBLE
+        f.actions.append(
+            "Check the pod's GPU resource: a nvidia.com/mig-* slice may be smaller than the job needs."
+        )
     if f.score <= 0:
         return None
     return f

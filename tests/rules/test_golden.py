@@ -155,3 +155,14 @@ def test_replay_accepts_an_incident_bundle(tmp_path: Path) -> None:
     other.write_text(json.dumps({"schema": "something-else"}))
     bad = run_cli("replay", str(other), "--json")
     assert bad.returncode == 2 and b"no `segments` key" in bad.stderr
+
+
+def test_the_nvml_assert_of_mig_slices_makes_quota_a_candidate(tmp_path: Path) -> None:
+    log = tmp_path / "mig.log"
+    log.write_text(
+        'RuntimeError: NVML_SUCCESS == r INTERNAL ASSERT FAILED at "../c10/cuda/CUDACachingAllocator.cpp":1154, '
+        "please report a bug to PyTorch.\n"
+    )
+    d, _ = diagnose_text(log.read_text())
+    assert d.verdict == "inconclusive"
+    assert "gpu_quota" in d.candidates
