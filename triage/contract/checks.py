@@ -126,6 +126,22 @@ def shm_size_check(
     )
 
 
+def no_shm_mount_check(contract: Contract, subject: str, fix: str) -> Check:
+    """Nothing mounted at /dev/shm: the runtime's 64 MiB default applies."""
+    return Check(
+        "shm.medium",
+        "fail",
+        subject,
+        f"nothing is mounted at /dev/shm: the container runtime's default is "
+        f"{fmt_bytes(contract.shm.runtime_default_bytes)}, below the contract floor of "
+        f"{fmt_bytes(contract.shm.floor_bytes)}",
+        fix=fix,
+        value=contract.shm.runtime_default_bytes,
+        threshold=contract.shm.floor_bytes,
+        related_verdict=SHM,
+    )
+
+
 def shm_usage_check(contract: Contract, subject: str, total_bytes: int, used_bytes: int) -> Check:
     """How full /dev/shm is now (pod audit, OOM evidence)."""
     fraction = used_bytes / total_bytes if total_bytes > 0 else 1.0
@@ -395,20 +411,7 @@ def evaluate_pod(facts: PodFacts, contract: Contract, subject: str = "pod") -> l
                 )
             )
         elif medium == "none":
-            checks.append(
-                Check(
-                    "shm.medium",
-                    "fail",
-                    subject,
-                    f"nothing is mounted at /dev/shm: the container runtime's default is "
-                    f"{fmt_bytes(contract.shm.runtime_default_bytes)}, below the contract floor of "
-                    f"{fmt_bytes(contract.shm.floor_bytes)}",
-                    fix=shm_fix,
-                    value=contract.shm.runtime_default_bytes,
-                    threshold=contract.shm.floor_bytes,
-                    related_verdict=SHM,
-                )
-            )
+            checks.append(no_shm_mount_check(contract, subject, shm_fix))
         else:
             checks.append(
                 Check(

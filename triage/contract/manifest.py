@@ -23,7 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from triage.contract.checks import HOST_MEMORY, SHM, cpu_per_gpu_check, dataloader_check, shm_size_check
+from triage.contract.checks import (
+    HOST_MEMORY,
+    SHM,
+    cpu_per_gpu_check,
+    dataloader_check,
+    no_shm_mount_check,
+    shm_size_check,
+)
 from triage.contract.errors import ManifestError
 from triage.contract.load import ContractFile
 from triage.contract.model import AuditReport, Check, Contract, worst
@@ -542,20 +549,7 @@ def _shm_checks(
             None,
         )
         if mount is None:
-            checks.append(
-                Check(
-                    "shm.medium",
-                    "fail",
-                    subject,
-                    f"nothing is mounted at /dev/shm: the container runtime's default is "
-                    f"{fmt_bytes(contract.shm.runtime_default_bytes)}, below the contract floor of "
-                    f"{fmt_bytes(contract.shm.floor_bytes)}",
-                    fix=shm_fix,
-                    value=contract.shm.runtime_default_bytes,
-                    threshold=contract.shm.floor_bytes,
-                    related_verdict=SHM,
-                )
-            )
+            checks.append(no_shm_mount_check(contract, subject, shm_fix))
             facts.append({"container": c.name, "volume": None, "medium": None, "size_limit_bytes": None})
             continue
         vol_name = mount.get("name")
