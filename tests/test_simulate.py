@@ -13,14 +13,12 @@ import pytest
 from triage.simulate.allocator import (
     EMPTY_FRAMES,
     CachingAllocator,
-    GiB,
-    KiB,
-    MiB,
     SimulatedOOM,
     allocation_size,
     format_size,
     round_size,
 )
+from triage.units import GiB, KiB, MiB
 
 # --------------------------------------------------------------------------- helpers
 

@@ -20,14 +20,16 @@ _UNITS = {
 }
 
 
-def format_bytes(n: int | float) -> str:
-    """Format like torch's OOM message: `N bytes` up to 1024, else `%.2f KiB|MiB|GiB`."""
-    if abs(n) <= 1024:
-        return f"{int(n)} bytes"
-    for unit, div in (("KiB", KiB), ("MiB", MiB), ("GiB", GiB)):
-        if abs(n) < div * 1024 or unit == "GiB":
-            return f"{n / div:.2f} {unit}"
-    return f"{n / GiB:.2f} GiB"  # pragma: no cover
+def format_bytes(n: int) -> str:
+    """c10's ``format_size``, as in torch's OOM message: bytes up to 1024, then KiB/MiB/GiB with two
+    decimals (the boundaries are inclusive: 1 MiB prints as ``1024.00 KiB``)."""
+    if n <= 1024:
+        return f"{n} bytes"
+    if n <= MiB:
+        return f"{n / 1024.0:.2f} KiB"
+    if n <= GiB:
+        return f"{n / float(MiB):.2f} MiB"
+    return f"{n / float(GiB):.2f} GiB"
 
 
 def human(n: int | float) -> str:

@@ -36,9 +36,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-KiB = 1024
-MiB = 1024**2
-GiB = 1024**3
+from triage.units import GiB, MiB, format_bytes
 
 MIN_BLOCK_SIZE = 512  # kMinBlockSize
 SMALL_SIZE = 1 * MiB  # kSmallSize: largest "small" allocation
@@ -94,15 +92,7 @@ def allocation_size(rounded: int) -> int:
     return ROUND_LARGE * ((rounded + ROUND_LARGE - 1) // ROUND_LARGE)
 
 
-def format_size(n: int) -> str:
-    """c10's ``format_size``: bytes up to 1024, then KiB/MiB/GiB with two decimals."""
-    if n <= 1024:
-        return f"{n} bytes"
-    if n <= MiB:
-        return f"{n / 1024.0:.2f} KiB"
-    if n <= GiB:
-        return f"{n / float(MiB):.2f} MiB"
-    return f"{n / float(GiB):.2f} GiB"
+format_size = format_bytes  # c10's format_size, one definition in triage.units
 
 
 def oom_message(
