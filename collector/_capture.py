@@ -78,6 +78,14 @@ def classify(exc: BaseException, st: State) -> tuple[str, BaseException] | None:
             if "SIGKILL" in signals:
                 return "host_oom", e
             return "crash", e
+    for e in chain:
+        if isinstance(e, ConnectionResetError | EOFError | BrokenPipeError):
+            # the main process read from a worker's pipe as the worker died: no torch message at all
+            signals = {w.get("signal") for w in dead_workers(exc)}
+            if "SIGBUS" in signals:
+                return "shm_exhausted", e
+            if "SIGKILL" in signals:
+                return "host_oom", e
     return None
 
 

@@ -426,3 +426,17 @@ def test_config_falls_back_on_malformed_values() -> None:
     cfg, _ = _config.load({}, url="http://x", send_budget=1.0, history_max_entries=10)
     assert (cfg.url, cfg.send_budget, cfg.history_max_entries, cfg.token) == ("http://x", 1.0, 10, None)
     assert _config.disabled({"TRIAGE_DISABLE": "1"}) and not _config.disabled({})
+
+
+def test_a_pipe_reset_by_a_worker_killed_by_sigbus_is_shared_memory(monkeypatch: Any) -> None:
+    """When the main process reads a dead worker's pipe before torch names the signal, the only trace is
+    a ConnectionResetError: the workers' exit signals decide (SIGBUS: /dev/shm; SIGKILL: host memory)."""
+    exc = _raised(ConnectionResetError(104, "Connection reset by peer"))
+    monkeypatch.setattr(_capture, "dead_workers", lambda _e: [{"pid": 7, "signal": "SIGBUS"}])
+    found = _capture.classify(exc, State())
+    assert found is not None and found[0] == "shm_exhausted"
+    monkeypatch.setattr(_capture, "dead_workers", lambda _e: [{"pid": 7, "signal": "SIGKILL"}])
+    found = _capture.classify(exc, State())
+    assert found is not None and found[0] == "host_oom"
+    monkeypatch.setattr(_capture, "dead_workers", lambda _e: [])
+    assert _capture.classify(exc, State()) is None  # an ordinary network error is not ours
