@@ -160,8 +160,12 @@ def replay(trace: list[dict[str, Any]]) -> tuple[dict[int, int], dict[int, int]]
 
 
 def check_replay(a: CachingAllocator) -> None:
-    snap = a.snapshot()
-    active, mapped = replay(snap["device_traces"][a.device])
+    check_snapshot_replay(a.snapshot(), a.device)
+
+
+def check_snapshot_replay(snap: dict[str, Any], device: int) -> None:
+    """Replaying the trace gives exactly the snapshot's active blocks and mapped segment bytes."""
+    active, mapped = replay(snap["device_traces"][device])
     want = {
         b["address"]: b["requested_size"]
         for s in snap["segments"]

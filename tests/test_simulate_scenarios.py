@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REAL_SNAPSHOTS
-from tests.test_simulate import check_invariants, close, parse_oom, replay
+from tests.test_simulate import check_invariants, check_snapshot_replay, close, parse_oom, replay
 from triage.errors import InputError
 from triage.simulate import scenarios as S
 from triage.simulate.allocator import format_size
@@ -213,15 +213,7 @@ def test_full_trace_replays_to_the_snapshot() -> None:
     assert snap is not None
     trace = snap["device_traces"][a.device]
     if a_max is None or len(trace) < a_max:
-        active, mapped = replay(trace)
-        want = {
-            b["address"]: b["requested_size"]
-            for s in snap["segments"]
-            for b in s["blocks"]
-            if b["state"] == "active_allocated"
-        }
-        assert active == want
-        assert sum(mapped.values()) == sum(s["total_size"] for s in snap["segments"])
+        check_snapshot_replay(snap, a.device)
 
 
 def test_frames_are_shared_and_varied() -> None:

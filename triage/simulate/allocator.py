@@ -676,9 +676,10 @@ class CachingAllocator:
         free = self.device_free_bytes()
         cap = self.fraction_cap_bytes
         total_or_cap = cap if cap is not None else self.total_bytes
-        if self.nvml_fails:
-            exc = SimulatedOOM(
-                NVML_ASSERT_MESSAGE,
+
+        def oom(message: str, observer: tuple[int, int, int, int] | None) -> SimulatedOOM:
+            self.last_oom = SimulatedOOM(
+                message,
                 device=self.device,
                 requested_size=orig,
                 rounded_size=rounded,
@@ -686,11 +687,13 @@ class CachingAllocator:
                 total_or_cap=total_or_cap,
                 device_free=free,
                 stream=stream,
-                observer=None,
+                observer=observer,
                 frames=frames,
             )
-            self.last_oom = exc
-            raise exc
+            return self.last_oom
+
+        if self.nvml_fails:
+            raise oom(NVML_ASSERT_MESSAGE, None)
         self._record("oom", free, rounded, stream, frames)
         self.num_ooms += 1
         procs = [
@@ -707,20 +710,7 @@ class CachingAllocator:
             allocated_bytes=self.allocated_bytes,
             reserved_bytes=self.reserved,
         )
-        exc = SimulatedOOM(
-            msg,
-            device=self.device,
-            requested_size=orig,
-            rounded_size=rounded,
-            alloc_size=alloc_size,
-            total_or_cap=total_or_cap,
-            device_free=free,
-            stream=stream,
-            observer=(self.device, alloc_size, total_or_cap, free),
-            frames=frames,
-        )
-        self.last_oom = exc
-        raise exc
+        raise oom(msg, (self.device, alloc_size, total_or_cap, free))
 
     # ----------------------------------------------------------------- free
     def free(self, addr: int, frames: FrameList | None = None) -> None:
