@@ -93,7 +93,12 @@ def estimate_max_batch(ev: Evidence) -> tuple[int | None, dict[str, Any]]:
         info["source"] = "failing step (upper bound)"
     if fixed is None or per_sample is None or per_sample <= 0:
         return None, info
-    est = math.floor((usable - fixed) / per_sample)
+    # at the OOM the allocator has already released every cached segment it could; what it still holds
+    # unallocated is split segments this allocation pattern leaves behind: tensors cannot use it
+    stranded = ev.reserved_unallocated_bytes or 0
+    if stranded:
+        info["stranded_bytes"] = stranded
+    est = math.floor((usable - stranded - fixed) / per_sample)
     if ev.is_cuda_oom:
         est = min(est, batch - 1)  # the failing batch itself did not fit
     info.update({"fixed_bytes": fixed, "per_sample_bytes": int(per_sample), "usable_bytes": usable})
@@ -133,7 +138,13 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.facts.append(f"It failed at step {ev.step}: nothing had time to accumulate.")
         f.score = LIKELY
     elif flat and trend is not None:
-        f.facts.append(f"Live memory after each step did not grow over {trend.steps} steps.")
+        if trend.plateaued:
+            f.facts.append(
+                f"Live memory after each step grew for a while, then stopped, over {trend.steps} steps: "
+                "a bounded buffer filling up, not a leak."
+            )
+        else:
+            f.facts.append(f"Live memory after each step did not grow over {trend.steps} steps.")
         f.score = LIKELY
     elif (ev.has_trace or trend is not None) and not any(s.cycles >= 3 for s in ev.survivors):
         f.score = POSSIBLE
@@ -178,8 +189,8 @@ def evaluate(ev: Evidence) -> Finding | None:
     grown = ev.batch_grew_from
     if grown:
         f.facts.append(
-            f"The batch grew to {ev.batch_size} (from at most {grown} in the completed steps): "
-            "the first step at the new size failed."
+            f"The batch grew to {ev.batch_size} (from at most {grown} in the earlier steps) just before the OOM: "
+            "the demand changed, the memory it may use did not."
         )
         f.score = max(f.score, LIKELY) + 0.15
     promised = ev.promised_bytes

@@ -24,6 +24,7 @@ from triage.units import GiB, MiB, human
 if TYPE_CHECKING:
     from triage.messages import OomMessage
 
+RECENT_BATCH_STEPS = 2  # a batch that grew this many completed steps before the OOM still explains it
 SMALL_POOL_MAX = 1 * MiB
 CUDA_CONTEXT_MAX = (
     3 * GiB
@@ -166,12 +167,18 @@ class Survivors:
 
 
 def _trend(samples: Sequence[Any]) -> StepTrend | None:
-    pts = [(s.step, s.allocated_bytes, s.peak_allocated_bytes) for s in _step_samples(samples)]
+    ss = _step_samples(samples)
+    pts = [(s.step, s.allocated_bytes, s.peak_allocated_bytes) for s in ss]
     if len(pts) < 3:
         return None
-    vals = [a for _, a, _ in pts]
-    n = len(vals)
-    diffs = [b - a for a, b in itertools.pairwise(vals)]
+    n = len(pts)
+    # a step run at another batch size than the one before it keeps other-sized tensors (the batch, a
+    # cache entry per batch): its change says nothing about a leak, so it is left out of the growth
+    diffs = [
+        0 if a.batch_size and b.batch_size and a.batch_size != b.batch_size else b.allocated_bytes - a.allocated_bytes
+        for a, b in itertools.pairwise(ss)
+    ]
+    vals = [pts[0][1], *itertools.accumulate(diffs, initial=pts[0][1])][1:]
     noise = 512  # live memory after a step is exact to the byte; one rounded block is a change
     rising = sum(1 for d in diffs if d > noise) / len(diffs)
     falling = sum(1 for d in diffs if d < -noise) / len(diffs)
@@ -196,8 +203,8 @@ def _trend(samples: Sequence[Any]) -> StepTrend | None:
         steps=n,
         first_step=xs[0],
         last_step=xs[-1],
-        start_bytes=vals[0],
-        end_bytes=vals[-1],
+        start_bytes=pts[0][1],
+        end_bytes=pts[-1][1],
         growth_bytes=vals[-1] - min(vals[: max(1, n // 4)]),
         rising_fraction=rising,
         falling_fraction=falling,
@@ -319,10 +326,18 @@ class Evidence:
 
     @property
     def batch_grew_from(self) -> int:
-        """The completed steps' largest batch when the failing step's batch is larger (a ramp), else 0."""
-        sizes = [s.batch_size for s in self.steps if s.batch_size is not None]
-        if sizes and self.batch_size is not None and self.batch_size > max(sizes):
-            return max(sizes)
+        """The earlier steps' largest batch when the batch grew (a ramp) in the failing step or in one of
+        the last RECENT_BATCH_STEPS completed steps, else 0."""
+        sizes = [s.batch_size for s in self.steps]
+        if self.batch_size is not None:
+            sizes.append(self.batch_size)
+        known = [b for b in sizes if b is not None]
+        if len(known) < 2:
+            return 0
+        recent, before = known[-(RECENT_BATCH_STEPS + 1) :], known[: -(RECENT_BATCH_STEPS + 1)]
+        base = max(before) if before else recent[0]
+        if max(recent) > base and known[-1] > base:
+            return base
         return 0
 
 

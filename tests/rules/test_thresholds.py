@@ -284,7 +284,7 @@ def test_too_large_at_step_zero_estimates_max_batch() -> None:
 def test_max_batch_from_completed_steps() -> None:
     from triage.evidence import _step_samples
 
-    # fixed 20 GiB, peaks 20 + 32*1 GiB at batch 32 → 1 GiB per sample; usable 70 + 8 = 78 GiB → 58,
+    # fixed 20 GiB, peaks 20 + 32*1 GiB at batch 32 → 1 GiB per sample; usable 50 + 28 = 78 GiB → 58,
     # but batch 32 itself just failed (a longer sequence, say): the answer is capped below it
     timeline = [
         {"step": i, "allocated_bytes": 20 * GiB, "peak_allocated_bytes": 52 * GiB, "batch_size": 32}
@@ -294,9 +294,9 @@ def test_max_batch_from_completed_steps() -> None:
         step=5,
         batch_size=32,
         steps=_step_samples(timeline),
-        reserved_bytes=70 * GiB,
+        reserved_bytes=50 * GiB,
         allocated_bytes=50 * GiB,
-        device_free_bytes=8 * GiB,
+        device_free_bytes=28 * GiB,
         request_bytes=2 * GiB,
     )
     est, info = workload_too_large.estimate_max_batch(ev)
@@ -305,6 +305,11 @@ def test_max_batch_from_completed_steps() -> None:
     assert est == 31
     ev.kind = "none"  # the same numbers without an OOM: the uncapped estimate
     assert workload_too_large.estimate_max_batch(ev)[0] == 58
+    # 8 GiB still reserved but unallocated at the OOM: split segments the allocator could not release
+    # are not there for tensors; 78 - 8 - 20 = 50
+    ev.reserved_bytes, ev.device_free_bytes = 58 * GiB, 20 * GiB
+    est, info = workload_too_large.estimate_max_batch(ev)
+    assert (est, info["stranded_bytes"]) == (50, 8 * GiB)
 
 
 def test_message_alone_is_inconclusive_between_leak_and_batch() -> None:
@@ -351,3 +356,43 @@ def test_fragmentation_in_the_first_steps_is_not_confident(step: int, confident:
     ev.step = step
     f = fragmentation.evaluate(ev)
     assert f is not None and (f.score >= 0.6) is confident
+
+
+# ---------------------------------------------------------------- batch size changes between steps
+def _samples(values: list[int], batches: list[int]) -> list[dict[str, Any]]:
+    return [
+        {"step": i, "allocated_bytes": v, "peak_allocated_bytes": v, "batch_size": b}
+        for i, (v, b) in enumerate(zip(values, batches, strict=True))
+    ]
+
+
+def test_growth_at_a_batch_size_change_is_not_counted_as_growth() -> None:
+    from triage.evidence import _trend
+
+    # a cache filled (steps 0-4), stayed flat, then the batch grew 5 -> 14: the jump is the bigger batch
+    values = [10 * GiB + i * GiB for i in range(5)] + [14 * GiB] * 4 + [17 * GiB]
+    t = _trend(_samples(values, [5] * 9 + [14]))
+    assert t is not None
+    assert t.late_growth_bytes == 0 and t.plateaued
+    assert (t.start_bytes, t.end_bytes) == (10 * GiB, 17 * GiB)  # the real values are still reported
+    # the same jump at an unchanged batch size is growth
+    t = _trend(_samples(values, [5] * 10))
+    assert t is not None
+    assert t.late_growth_bytes == 3 * GiB and not t.plateaued
+
+
+@pytest.mark.parametrize(
+    ("batches", "failing", "grew_from"),
+    [
+        ([8] * 10, 16, 8),  # the failing step is the first at the new size
+        ([8] * 8 + [16] * 2, 16, 8),  # grew two completed steps before the OOM: still the cause
+        ([8] * 7 + [16] * 3, 16, 0),  # three steps ran at the new size: not a recent change
+        ([16] * 10, 16, 0),
+        ([16] * 8 + [8] * 2, 8, 0),  # it shrank
+    ],
+)
+def test_batch_grew_from_looks_at_the_last_steps(batches: list[int], failing: int, grew_from: int) -> None:
+    from triage.evidence import _step_samples
+
+    ev = cuda(batch_size=failing, steps=_step_samples(_samples([GiB] * len(batches), batches)))
+    assert ev.batch_grew_from == grew_from

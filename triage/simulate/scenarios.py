@@ -2293,7 +2293,8 @@ def bounded_cache(seed: int, **params: Any) -> ScenarioResult:
             return lambda k: B0 if k < ramp else b1
 
         def fits(b: int) -> bool:
-            return _run(w, steps=ramp + 2, batch=sched(b), history=False, cache=cache).oom is None
+            # the cache must turn over completely at the new size: K steps after the ramp, then two more
+            return _run(w, steps=ramp + K + 2, batch=sched(b), history=False, cache=cache).oom is None
 
         if not fits(B0):
             raise _Retry("the cached plateau does not fit")
