@@ -90,6 +90,25 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.values["vgpu_limit_bytes"] = ev.vgpu_limit_bytes
         f.score = max(f.score, LIKELY + 0.05)
         f.actions.append("Raise the job's vGPU memory quota (e.g. nvidia.com/gpumem) or give it a whole GPU.")
+    slice_name = ev.slice_sized
+    if f.score <= 0 and slice_name and total:
+        f.facts.append(
+            f"The device has {human(total)}: the size of a MIG slice ({slice_name}), not of a whole datacenter GPU."
+        )
+        f.missing.append(
+            "the device name, MIG profile and the GPU the job asked for (the collector records them)"
+        )
+        f.score = POSSIBLE if needed is None or needed >= 0.9 * total else CANDIDATE
+        f.actions.append(
+            "Check the pod's GPU resource: a nvidia.com/mig-* slice may be smaller than the job was sized for."
+        )
+    if f.score <= 0 and ev.device_unseen:
+        f.facts.append(
+            "The device's size is unknown (this input has no OOM message or device record): a MIG slice or a "
+            "memory cap below what the job was sized for cannot be ruled out."
+        )
+        f.missing.append("the device's total memory (the OOM message) and its MIG profile")
+        f.score = CANDIDATE
     m = ev.message
     if f.score <= 0 and m is not None and m.format == "nvml-assert":
         f.facts.append(

@@ -24,7 +24,7 @@ OWNER = "platform"
 
 
 def evaluate(ev: Evidence) -> Finding | None:
-    host_msgs = [m for m in ev.messages if m.kind == "host_oom"]
+    host_msgs = ev.host_kills
     f = Finding(rule=ID, verdict=VERDICT, score=0.0)
     if ev.kind == "host_oom":
         f.score = STRONG

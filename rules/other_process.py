@@ -72,6 +72,13 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.values["non_pytorch_bytes"] = ev.non_pytorch_bytes
         f.missing.append("the NVML process list with pids (the collector records it)")
         f.score = POSSIBLE if ev.non_pytorch_bytes + free >= req else CANDIDATE
+    elif ev.device_unseen and (ev.device_free_bytes is None or ev.device_free_bytes < req):
+        f.facts.append(
+            "The device's other processes are unknown (this input has no OOM message or NVML list): one "
+            "may have held the memory the request needed."
+        )
+        f.missing.append("the OOM message's process lines or the NVML process list with pids")
+        f.score = CANDIDATE
     else:
         return None
     if f.score <= 0:

@@ -91,14 +91,23 @@ def evaluate(ev: Evidence) -> Finding | None:
         elif trend.growth_bytes >= growth_floor and (
             trend.rising_fraction >= MIN_RISING_FRACTION
             or (trend.falling_fraction <= 0.1 and trend.rising_fraction >= 0.25)
+            or trend.staircase
         ):
-            # rises in most steps, or never falls (a tensor kept every other step rises in half of them)
+            # rises in most steps, or never falls (a tensor kept every other step rises in half of them,
+            # one kept at every evaluation rises in a few and never gives anything back)
             trend_growing = True
-            f.facts.append(
-                f"Live memory after each step grew in {trend.rising_fraction:.0%} of {trend.steps} steps, "
-                f"from {human(trend.start_bytes)} to {human(trend.end_bytes)} "
-                f"(about {human(trend.slope_bytes_per_step)} per step)."
-            )
+            if trend.rising_fraction >= 0.25:
+                f.facts.append(
+                    f"Live memory after each step grew in {trend.rising_fraction:.0%} of {trend.steps} steps, "
+                    f"from {human(trend.start_bytes)} to {human(trend.end_bytes)} "
+                    f"(about {human(trend.slope_bytes_per_step)} per step)."
+                )
+            else:
+                f.facts.append(
+                    f"Live memory after each step rose {trend.rises} times over {trend.steps} steps and never "
+                    f"fell, from {human(trend.start_bytes)} to {human(trend.end_bytes)}: something kept at "
+                    "every few steps (an evaluation, a logging step) is never released."
+                )
             f.values["growth_bytes"] = trend.growth_bytes
             f.values["steps"] = trend.steps
         elif trend.steps >= 4:

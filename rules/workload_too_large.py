@@ -127,7 +127,11 @@ def evaluate(ev: Evidence) -> Finding | None:
     usable = usable_bytes(ev)
     early = ev.step is not None and ev.step <= EARLY_STEPS
     trend = ev.trend
-    flat = trend is not None and trend.steps >= 3 and (trend.plateaued or trend.rising_fraction < 0.5)
+    flat = (
+        trend is not None
+        and trend.steps >= 3
+        and (trend.plateaued or (trend.rising_fraction < 0.5 and not trend.staircase))
+    )
     if needed is not None and usable is not None:
         f.facts.append(
             f"At the OOM the job held {human(ev.allocated_bytes or 0)} and asked for {human(ev.request_bytes or 0)} more; "
@@ -201,6 +205,24 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.score -= 0.3
     if early and (flat or ev.trend is None) and f.score >= LIKELY:
         f.score = STRONG - 0.05 if needed is not None else LIKELY
+    if ev.device_unseen:
+        # the job's own state rules out a leak or holes; what else was on the device is unknown
+        f.facts.append(
+            "The device's size and its other processes are not in this input: memory held outside this "
+            "process cannot be ruled out."
+        )
+        f.missing.append(
+            "the OOM message or the collector's bundle (the device's total and its process list): without "
+            "them a neighbour or a smaller slice than the job asked for looks the same as a too-large step"
+        )
+        f.score = min(f.score, POSSIBLE + 0.1)
+    slice_name = ev.slice_sized
+    if slice_name:
+        f.facts.append(
+            f"The device has {human(ev.total_bytes or 0)}, the size of a MIG slice ({slice_name}): whether "
+            "the job was meant to fit in it decides between shrinking the job and asking for more."
+        )
+        f.score = min(f.score, POSSIBLE + 0.1)
     if f.score <= CANDIDATE:
         f.missing.append(
             "live memory per step (the collector's step samples): a leak grows across steps, a too-large batch does not"

@@ -24,8 +24,18 @@ from triage.units import GiB, MiB, human
 if TYPE_CHECKING:
     from triage.messages import OomMessage
 
+TRACE_MIN_CYCLES = 4  # cycles of live memory in a trace before they are read as steps
 RECENT_BATCH_STEPS = 2  # a batch that grew this many completed steps before the OOM still explains it
 SMALL_POOL_MAX = 1 * MiB
+# what torch reports as the total of a MIG slice (GiB, by profile); larger slices (3g/4g/7g) match whole GPUs
+MIG_SLICE_SIZES = (
+    (int(4.75 * GiB), "1g.5gb"),
+    (int(9.5 * GiB), "1g.10gb"),
+    (int(9.75 * GiB), "1g.10gb / 2g.10gb"),
+    (int(19.5 * GiB), "1g.20gb / 2g.20gb"),
+    (int(19.625 * GiB), "3g.20gb / 4g.20gb"),
+    (int(19.75 * GiB), "2g.20gb"),
+)
 CUDA_CONTEXT_MAX = (
     3 * GiB
 )  # a process's own non-PyTorch memory (context, cuBLAS/NCCL workspaces) rarely exceeds this
@@ -107,8 +117,28 @@ class StepTrend:
 
     @property
     def never_falls(self) -> bool:
-        """Rises in most steps, or in some and never falls (a tensor kept every other step)."""
-        return self.rising_fraction >= 0.9 or (self.falling_fraction <= 0.05 and self.rising_fraction >= 0.25)
+        """Rises in most steps, or in some and never falls (a tensor kept every other step, or at every
+        evaluation)."""
+        return (
+            self.rising_fraction >= 0.9
+            or (self.falling_fraction <= 0.05 and self.rising_fraction >= 0.25)
+            or self.staircase
+        )
+
+    @property
+    def rises(self) -> int:
+        return round(self.rising_fraction * (self.steps - 1))
+
+    @property
+    def staircase(self) -> bool:
+        """Rises now and then, never falls, and still rises in the last third: what is kept at every
+        evaluation or logging step. Growth, however few of the steps show it."""
+        return (
+            self.rises >= 3
+            and self.falling_fraction == 0
+            and self.late_growth_bytes > 0
+            and not self.plateaued
+        )
 
     @property
     def plateaued(self) -> bool:
@@ -175,7 +205,9 @@ def _trend(samples: Sequence[Any]) -> StepTrend | None:
     # a step run at another batch size than the one before it keeps other-sized tensors (the batch, a
     # cache entry per batch): its change says nothing about a leak, so it is left out of the growth
     diffs = [
-        0 if a.batch_size and b.batch_size and a.batch_size != b.batch_size else b.allocated_bytes - a.allocated_bytes
+        0
+        if a.batch_size and b.batch_size and a.batch_size != b.batch_size
+        else b.allocated_bytes - a.allocated_bytes
         for a, b in itertools.pairwise(ss)
     ]
     vals = [pts[0][1], *itertools.accumulate(diffs, initial=pts[0][1])][1:]
@@ -259,6 +291,7 @@ class Evidence:
     step: int | None = None
     steps: list[StepSample] = field(default_factory=list)  # completed steps the collector sampled
     trend: StepTrend | None = None
+    trend_source: str = "samples"  # samples (the collector's per-step memory) | trace (cycles in the trace)
     survivors: list[Survivors] = field(default_factory=list)
     oom_entry: TraceEntry | None = None
     oom_timeline: DeviceTimeline | None = None
@@ -300,6 +333,45 @@ class Evidence:
         if self.vgpu_limit_bytes:
             return self.vgpu_limit_bytes
         return self.total_bytes
+
+    @property
+    def host_kills(self) -> list[OomMessage]:
+        """Host-memory kills in the text that can have ended this job. After a CUDA OOM traceback the job
+        died of its exception: only a kernel/OOMKilled/``Killed`` line *after* the last CUDA OOM counts —
+        an earlier one killed something else, and a SIGKILL / exit -9 after it is the launcher (torchrun)
+        tearing down the other ranks."""
+        host = [m for m in self.messages if m.kind == "host_oom"]
+        cuda = [m.line_no for m in self.messages if m.kind == "cuda_oom" and m.line_no is not None]
+        if not host or not cuda:
+            return host
+        last = max(cuda)
+        return [
+            m
+            for m in host
+            if m.line_no is not None
+            and m.line_no > last
+            and m.format not in ("host-sigkill", "host-exit-137")
+        ]
+
+    @property
+    def device_unseen(self) -> bool:
+        """A CUDA OOM whose device is unknown (a snapshot alone carries neither the device's size nor
+        its other processes): what else held the memory cannot be told."""
+        return self.is_cuda_oom and self.total_bytes is None and not self.processes
+
+    @property
+    def slice_sized(self) -> str | None:
+        """The device's total is the size of a MIG slice (and nothing says what the device is): the slice
+        named, else None. Whole datacenter GPUs of these sizes are rare; MIG slices are common."""
+        total = self.total_bytes
+        if total is None or self.mig_profile or self.declared_total_bytes:
+            return None
+        if self.device_name and "MIG" not in self.device_name:
+            return None
+        for size, names in MIG_SLICE_SIZES:
+            if abs(total - size) <= 0.015 * size:
+                return names
+        return None
 
     @property
     def reserved_unallocated_bytes(self) -> int | None:
@@ -380,6 +452,9 @@ def build_evidence(
     _snapshot_facts(ev)
     _processes(ev)
     _workload(ev, batch_size)
+    if ev.trend is None and not ev.has_frames:
+        # without stacks the trace cannot name surviving sites; its cycles still show what each step kept
+        _trace_trend(ev)
     _host(ev)
     if survivors:
         _survivors(ev)
@@ -397,8 +472,12 @@ def _pick_message(ev: Evidence) -> None:
         mine = [m for m in pool if m.rank == rank]
         if mine:
             pool = mine
-    # prefer the message with the most numbers in it
-    ev.message = max(pool, key=lambda m: (m.total_bytes is not None, m.requested_bytes is not None))
+    # prefer the message with the most numbers in it; of equals, the last (the fatal one: an earlier one
+    # may have been caught and retried, by a batch-size finder for instance)
+    ev.message = max(
+        enumerate(pool),
+        key=lambda im: (im[1].total_bytes is not None, im[1].requested_bytes is not None, im[0]),
+    )[1]
 
 
 def _kind(ev: Evidence) -> None:
@@ -602,6 +681,82 @@ def _workload(ev: Evidence, batch_size: int | None) -> None:
     if isinstance(tl, list):
         ev.steps = _step_samples(tl)
         ev.trend = _trend(tl)
+
+
+def trace_cycles(levels: Sequence[int], min_cycles: int = TRACE_MIN_CYCLES) -> list[tuple[int, int]]:
+    """(low point, highest level since the previous low point) of each cycle of live memory in a trace.
+
+    A training step raises live memory (forward) and gives most of it back (backward, optimizer): its
+    low point is what the step kept. Cycles are found with hysteresis: a fall of at least ``h`` after a
+    high, then a rise of ``h``. ``h`` is the largest of a few fractions of the trace's range that still
+    finds ``min_cycles`` cycles — the biggest recurring swing is the step; smaller ones (the backward's
+    own ups and downs, a gradient-accumulation micro-step) only appear at smaller ``h``.
+    """
+    if len(levels) < 8:
+        return []
+    lo, hi = min(levels), max(levels)
+    for frac in (0.5, 0.35, 0.25, 0.18, 0.12):
+        h = frac * (hi - lo)
+        if h <= 0:
+            return []
+        out: list[tuple[int, int]] = []
+        rising = True
+        ext = top = levels[0]
+        for v in levels:
+            if rising:
+                if v > ext:
+                    ext = v
+                top = max(top, v)
+                if v < ext - h:
+                    rising, ext = False, v
+            else:
+                ext = min(ext, v)
+                top = max(top, v)
+                if v > ext + h:
+                    out.append((ext, top))
+                    rising, top = True, v
+                    ext = v
+        if not rising:
+            out.append((ext, top))  # the trace ends in a low (the OOM came after a step)
+        if len(out) >= min_cycles:
+            return out
+    return []
+
+
+def _trace_trend(ev: Evidence) -> None:
+    """No per-step samples: read the steps from the allocator trace of the OOM's device instead."""
+    tl = ev.oom_timeline
+    if tl is None or not tl.levels:
+        return
+    cycles = trace_cycles(tl.levels)
+    if not cycles:
+        return
+    base = tl.start_allocated
+    # a step whose rise (its peak above the previous step's low point) differs by more than a quarter from
+    # the step before it ran a different workload (a bigger batch, a longer sequence): marked like a batch
+    # size change, so the jump in what it kept is not read as growth
+    samples = []
+    workload, prev_rise, prev_low = 1, None, tl.levels[0]
+    for i, (low, top) in enumerate(cycles):
+        rise = max(1, top - prev_low)
+        if prev_rise is not None and not 0.8 <= rise / prev_rise <= 1.25:
+            workload += 1
+        samples.append(
+            {
+                "step": i,
+                "allocated_bytes": low + base,
+                "peak_allocated_bytes": top + base,
+                "batch_size": workload,
+            }
+        )
+        prev_rise, prev_low = rise, low
+    ev.trend = _trend(samples)
+    if ev.trend is not None:
+        ev.trend_source = "trace"
+        ev.notes.append(
+            f"No per-step memory samples: {len(cycles)} steps were read from the allocator trace "
+            "(the low point of each cycle of live memory)."
+        )
 
 
 def _host(ev: Evidence) -> None:

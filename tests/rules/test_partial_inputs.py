@@ -1,0 +1,203 @@
+"""What the engine may conclude from partial inputs: a snapshot alone, a log with several failures in it,
+a trace without stacks, a step history that grows only now and then.
+
+The cases are built field by field or from `triage simulate` scenarios with parts of the bundle removed;
+each asserts the verdict and the sentence that explains it, on both sides of the condition.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rules import gpu_quota, tensor_leak, workload_too_large
+from rules.base import CANDIDATE
+from triage.engine import CONFIDENT as CONFIDENT_MIN
+from triage.evidence import Evidence, _step_samples, _trend, trace_cycles
+from triage.pipeline import diagnose_snapshot, diagnose_text
+from triage.simulate.scenarios import run_scenario
+from triage.snapshot.loader import normalise
+from triage.units import GiB, MiB
+
+
+def snapshot_only(name: str, seed: int, *, message: bool = False) -> Any:
+    r = run_scenario(name, seed)
+    snap = normalise(r.snapshot, source="simulated", shared_frames=False)
+    d, ev = diagnose_snapshot(snap, message=r.message if message else None)
+    return r, d, ev
+
+
+# ---------------------------------------------------------------- a snapshot alone does not show the device
+def test_a_snapshot_alone_cannot_rule_out_a_neighbour() -> None:
+    r, d, ev = snapshot_only("other_process", 1)
+    assert r.truth["verdict"] == "other_process"
+    assert ev.device_unseen
+    assert d.verdict == "inconclusive"
+    assert {"workload_too_large", "other_process", "gpu_quota"} <= set(d.candidates)
+    assert any("OOM message" in m for m in d.missing)
+    # the OOM message names the neighbour: decided
+    _, d, ev = snapshot_only("other_process", 1, message=True)
+    assert not ev.device_unseen
+    assert d.verdict == "other_process"
+
+
+def test_a_snapshot_alone_still_decides_what_the_job_itself_shows() -> None:
+    """A leak is in the job's own blocks; the device does not matter."""
+    _, d, ev = snapshot_only("tensor_leak", 0)
+    assert ev.device_unseen
+    assert d.verdict == "tensor_leak"
+
+
+def cuda(**kw: Any) -> Evidence:
+    base: dict[str, Any] = {
+        "kind": "cuda_oom",
+        "device_free_bytes": 20 * MiB,
+        "reserved_bytes": int(4.6 * GiB),
+        "allocated_bytes": int(4.5 * GiB),
+        "request_bytes": 210 * MiB,
+    }
+    base.update(kw)
+    return Evidence(**base)
+
+
+@pytest.mark.parametrize(
+    ("total", "slice_name"),
+    [
+        (int(4.75 * GiB), "1g.5gb"),
+        (int(19.5 * GiB), "1g.20gb / 2g.20gb"),
+        (int(22.17 * GiB), None),  # an L4: a whole GPU
+        (int(79.15 * GiB), None),
+    ],
+)
+def test_a_device_the_size_of_a_mig_slice(total: int, slice_name: str | None) -> None:
+    # an OOM in the first step: nothing had time to leak
+    ev = cuda(total_bytes=total, reserved_bytes=total - 300 * MiB, allocated_bytes=total - 320 * MiB, step=0)
+    assert ev.slice_sized == slice_name
+    q = gpu_quota.evaluate(ev)
+    w = workload_too_large.evaluate(ev)
+    assert w is not None
+    if slice_name:
+        assert q is not None and q.score > CANDIDATE
+        assert any("MIG slice" in s for s in q.facts)
+        assert w.score < CONFIDENT_MIN
+    else:
+        assert q is None
+        assert w.score >= CONFIDENT_MIN
+    # a name that says what the device is settles it either way
+    ev.device_name = "NVIDIA A100-SXM4-40GB"
+    assert ev.slice_sized is None
+
+
+# ---------------------------------------------------------------- a trace without stacks still has steps
+def test_trace_cycles_are_the_biggest_recurring_swing() -> None:
+    levels: list[int] = list(range(0, 1000, 100))  # weights
+    kept = 1000
+    for _ in range(6):
+        levels += [kept + 50, kept + 400, kept + 380, kept + 900, kept + 300, kept + 20]  # forward/backward
+        kept += 20  # what each step keeps
+        levels.append(kept)
+    cycles = trace_cycles(levels)
+    assert [low for low, _ in cycles] == [1020 + 20 * i for i in range(6)]
+    assert all(top >= low + 800 for low, top in cycles)
+    assert trace_cycles(levels[:20]) == []  # fewer than four cycles: not read as steps
+
+
+def test_a_leak_without_stacks_is_read_from_the_trace_cycles() -> None:
+    r, d, ev = snapshot_only("leak_no_frames", 1)
+    assert r.truth["verdict"] == "tensor_leak"
+    assert ev.trend_source == "trace" and ev.trend is not None and ev.trend.steps >= 4
+    assert d.verdict == "tensor_leak"
+    assert any("read from the allocator trace" in e.fact for e in d.evidence)
+
+
+def test_trace_cycles_are_not_used_when_stacks_name_the_sites() -> None:
+    _, _, ev = snapshot_only("tensor_leak", 0)
+    assert ev.trend_source == "samples" and ev.trend is None
+
+
+# ---------------------------------------------------------------- growth now and then
+def staircase(every: int, steps: int = 175, step_bytes: int = 1280 * MiB) -> list[dict[str, Any]]:
+    return [
+        {"step": i, "allocated_bytes": 16 * GiB + (i // every) * step_bytes, "batch_size": 16}
+        for i in range(steps)
+    ]
+
+
+@pytest.mark.parametrize("every", [5, 25, 50])
+def test_a_leak_at_every_evaluation_is_growth(every: int) -> None:
+    samples = staircase(every)
+    t = _trend(samples)
+    assert t is not None and t.staircase and t.never_falls
+    ev = cuda(
+        total_bytes=40 * GiB,
+        reserved_bytes=36 * GiB,
+        allocated_bytes=int(32.8 * GiB),
+        request_bytes=4 * GiB,
+        trend=t,
+        steps=_step_samples(samples),
+        step=175,
+        batch_size=16,
+    )
+    leak = tensor_leak.evaluate(ev)
+    assert leak is not None and leak.score >= CONFIDENT_MIN
+    assert any("never fell" in s for s in leak.facts)
+    w = workload_too_large.evaluate(ev)
+    assert w is not None and not any("did not grow" in s for s in w.facts)
+
+
+def test_a_cache_that_filled_once_is_not_a_staircase() -> None:
+    samples = [
+        {"step": i, "allocated_bytes": 16 * GiB + min(i, 3) * GiB, "batch_size": 16} for i in range(40)
+    ]
+    t = _trend(samples)
+    assert t is not None and not t.staircase and t.plateaued
+
+
+# ---------------------------------------------------------------- logs with more than one failure
+NEIGHBOUR_OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB. GPU 0 has a total capacity of "
+    "79.15 GiB of which 3.20 GiB is free. Process 7777 has 30.00 GiB memory in use. Including non-PyTorch "
+    "memory, this process has 45.93 GiB memory in use. Of the allocated memory 44.80 GiB is allocated by "
+    "PyTorch, and 610.00 MiB is reserved by PyTorch but unallocated."
+)
+ALONE_OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+    "79.15 GiB of which 20.00 MiB is free. Including non-PyTorch memory, this process has 79.11 GiB memory "
+    "in use. Of the allocated memory 77.40 GiB is allocated by PyTorch, and 1.19 GiB is reserved by PyTorch "
+    "but unallocated."
+)
+
+
+def test_the_last_oom_of_a_log_is_the_fatal_one() -> None:
+    """A batch-size finder caught an OOM beside a neighbour hours before; the job died alone later."""
+    log = f"09:00:09 WARNING caught {NEIGHBOUR_OOM}\n09:00:10 retrying with batch 16\n" + "step ok\n" * 20
+    d, ev = diagnose_text(log + f"Traceback (most recent call last):\n{ALONE_OOM}\n")
+    assert ev.message is not None and "Process 7777" not in ev.message.text
+    assert d.verdict == "inconclusive" and "other_process" not in d.candidates
+    d, _ = diagnose_text(f"{ALONE_OOM}\n" + "step ok\n" * 5 + f"{NEIGHBOUR_OOM}\n")
+    assert d.verdict == "other_process"
+
+
+def test_torchrun_tearing_down_the_other_ranks_is_not_a_host_kill() -> None:
+    log = (
+        f"[rank2]: {ALONE_OOM}\n"
+        "W1105 14:03:25.118000 31 api.py:897] Sending process 58 closing signal SIGTERM\n"
+        "W1105 14:03:55.120000 31 api.py:912] Unable to shutdown process 58 via Signals.SIGTERM, "
+        "forcefully exiting via Signals.SIGKILL\n"
+        "  exitcode  : -9 (pid: 58)\n"
+        "  traceback : Signal 9 (SIGKILL) received by PID 58\n"
+    )
+    d, ev = diagnose_text(log)
+    assert any(m.kind == "host_oom" for m in ev.messages) and not ev.host_kills
+    assert d.verdict == "inconclusive" and "host_memory_limit" not in d.candidates
+
+
+def test_a_kill_before_the_cuda_oom_killed_something_else() -> None:
+    before = "/bin/bash: line 1:  4120 Killed                  timeout 30 nvidia-smi\n"
+    d, ev = diagnose_text(before + "step ok\n" * 10 + ALONE_OOM + "\n")
+    assert not ev.host_kills and "host_memory_limit" not in d.candidates
+    # the kernel's kill after the traceback did end the job
+    after = "Memory cgroup out of memory: Killed process 4242 (python) total-vm:1000kB\n"
+    d, ev = diagnose_text(ALONE_OOM + "\n" + after)
+    assert ev.host_kills and "host_memory_limit" in d.candidates
