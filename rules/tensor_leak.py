@@ -39,6 +39,7 @@ OWNER = "algorithm"
 
 MIN_CYCLES = 3  # survivors from at least four different steps
 MIN_CYCLE_FRACTION = 0.2  # several survivors per step are fine (three metrics kept per step)
+MANY_CYCLES = 8  # survivors from this many different steps are a leak however many each step kept
 MAX_FREED_FRACTION = 0.25  # more of the site's trace allocations freed than this: a bounded cache
 MIN_RISING_FRACTION = 0.7
 MIN_GROWTH_FRACTION = 0.05  # of the device limit
@@ -47,7 +48,7 @@ MIN_GROWTH_FRACTION = 0.05  # of the device limit
 def _leaky_site(ev: Evidence, min_cycles: int = MIN_CYCLES) -> Survivors | None:
     best = None
     for s in ev.survivors:
-        if s.cycles < min_cycles or s.cycle_fraction < MIN_CYCLE_FRACTION:
+        if s.cycles < min_cycles or (s.cycle_fraction < MIN_CYCLE_FRACTION and s.cycles < MANY_CYCLES):
             continue
         if s.evicted_like_a_cache:
             continue

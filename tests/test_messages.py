@@ -434,6 +434,22 @@ def test_nccl_shm() -> None:
     )
 
 
+def test_nccl_shm_segment_after_fallocate_fails() -> None:
+    """Newer NCCL: posix_fallocate finds no space, then the segment creation error names path and size."""
+    m = one(
+        "gpu-node-17:31:88 [0] include/shm.h:28 NCCL WARN Call to posix_fallocate failed : No space left on device\n"
+        "gpu-node-17:31:88 [0] include/shm.h:48 NCCL WARN Error while creating shared memory segment "
+        "/dev/shm/nccl-8x2Kq3 (size 9637888)\n"
+    )
+    assert (m.kind, m.format, m.requested_bytes, m.extra) == (
+        "shm_exhausted",
+        "shm-nccl",
+        9637888,
+        {"path": "/dev/shm/nccl-8x2Kq3"},
+    )
+    assert one("Error while creating shared memory segment /dev/shm/nccl-x").requested_bytes is None
+
+
 # ---------------------------------------------------------------------------------------- host
 
 

@@ -22,7 +22,8 @@ prints (see SNAPSHOT_FORMAT.md §4–5 for the formats):
     ``shm-unable-to-mmap``, ``shm-no-space`` (a lone ``No space left on device (28)``, or ``[Errno 28]``
     on a ``/dev/shm`` or ``torch_`` path), ``shm-bus-error`` (``DataLoader worker (pid N) is killed by
     signal: Bus error``), ``shm-worker-bus-error`` (``Unexpected bus error encountered in worker …
-    (shm)``), ``shm-nccl`` (NCCL's ``failed to extend /dev/shm/nccl-… to N bytes``).
+    (shm)``), ``shm-nccl`` (NCCL's ``failed to extend /dev/shm/nccl-… to N bytes``, or its ``Error while creating
+    shared memory segment /dev/shm/nccl-… (size N)`` after ``posix_fallocate`` found no space).
 ``host_oom``
     ``host-killed`` (``Killed`` alone on a line, accepted only when nothing but other host-OOM lines
     follows it; or a shell job line ``line 3:  4242 Killed  python train.py``), ``host-oomkilled``
@@ -270,6 +271,7 @@ def _size(m: re.Match[str], i: int) -> int:
 _TRIGGER = re.compile(
     r"out of memory|internal assert failed|hami-core|unable to (?:write|allocate|mmap)|no space left"
     r"|killed|bus error|oomkill|(?<!\d)137(?!\d)|sigkill|exitcode|cublas_status_alloc_failed|failed to extend"
+    r"|shared memory segment"
     r"|oom[-_]kill|defaultcpuallocator|preemptively|cuda_error_out_of_memory|cudaerrormemoryallocation",
     re.IGNORECASE,
 )
@@ -296,6 +298,9 @@ _RE_SHM_MMAP = re.compile(r"unable to mmap (\d{1,24}) bytes from file <([^<>]{0,
 _RE_NOSPACE = re.compile(r"No space left on device \(28\)")
 _RE_ERRNO28 = re.compile(r"\[Errno 28\] No space left on device(?:: ?'([^']{0,4096})')?")
 _RE_NCCL_SHM = re.compile(r"failed to extend (/dev/shm/[^\s]{1,4096}) to (\d{1,24}) bytes")
+_RE_NCCL_SEGMENT = re.compile(
+    r"Error while creating shared memory segment (/dev/shm/[^\s()]{1,4096})(?: \(size (\d{1,24})\))?"
+)
 _RE_DL_SIGNAL = re.compile(
     r"DataLoader worker \(pid (\d{1,10})\) is killed by signal: ([A-Za-z][A-Za-z ]{0,40}?)\."
 )
@@ -392,7 +397,12 @@ def _detect(content: str) -> list[_Hit]:
         hits.extend(_detect_assert(content))
     if "hami-core" in low:
         hits.extend(_detect_hami(content))
-    if "unable to" in low or "no space left" in low or "failed to extend" in low:
+    if (
+        "unable to" in low
+        or "no space left" in low
+        or "failed to extend" in low
+        or "shared memory segment" in low
+    ):
         hits.extend(_detect_shm_files(content))
     if "killed by signal" in low:
         m = _RE_DL_SIGNAL.search(content)
@@ -534,9 +544,10 @@ def _detect_shm_files(content: str) -> list[_Hit]:
             if e and path and ("/dev/shm" in path or "torch_" in path):
                 msg = OomMessage(SHM_EXHAUSTED, "shm-no-space", "", extra={"errno": "28", "path": path})
                 hits.append(_Hit(_error_start(content, e.start()), msg))
-    m = _RE_NCCL_SHM.search(content)
+    m = _RE_NCCL_SHM.search(content) or _RE_NCCL_SEGMENT.search(content)
     if m:
-        msg = OomMessage(SHM_EXHAUSTED, "shm-nccl", "", requested_bytes=int(m.group(2)))
+        size = m.group(2)
+        msg = OomMessage(SHM_EXHAUSTED, "shm-nccl", "", requested_bytes=int(size) if size else None)
         msg.extra["path"] = m.group(1)
         hits.append(_Hit(m.start(), msg))
     return hits

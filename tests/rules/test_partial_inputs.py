@@ -201,3 +201,25 @@ def test_a_kill_before_the_cuda_oom_killed_something_else() -> None:
     after = "Memory cgroup out of memory: Killed process 4242 (python) total-vm:1000kB\n"
     d, ev = diagnose_text(ALONE_OOM + "\n" + after)
     assert ev.host_kills and "host_memory_limit" in d.candidates
+
+
+# ---------------------------------------------------------------- many survivors per step from one site
+@pytest.mark.parametrize(
+    ("per_step", "steps", "is_leak"),
+    [
+        (4, 5, True),  # a few per step over five steps
+        (96, 5, False),  # 96 per step but only five steps: a step's worth of layers could look like this
+        (96, 9, True),  # 96 per step over nine steps: nothing but a leak survives that many steps
+        (96, 8, False),
+    ],
+)
+def test_a_site_that_keeps_many_blocks_every_step(per_step: int, steps: int, is_leak: bool) -> None:
+    from rules.tensor_leak import _leaky_site
+    from triage.evidence import Survivors
+    from triage.snapshot.frames import Site
+    from triage.snapshot.sites import SiteStats
+
+    n = per_step * steps
+    st = SiteStats(Site("/w/monitor.py", 27, "_hook"), bytes=n * MiB, count=n, traced=n, allocs_in_trace=n)
+    ev = Evidence(kind="cuda_oom", survivors=[Survivors(st, cycles=steps - 1, gaps=n - 1, freed_at_site=0)])
+    assert (_leaky_site(ev) is not None) is is_leak
