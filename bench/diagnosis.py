@@ -3,7 +3,10 @@
 Prints, per family and overall: verdict accuracy, confident-wrong verdicts (a wrong verdict that is not
 `inconclusive`), leak-site exactness (file and line) on leak cases, max_batch_size within 10% of the
 simulated truth where it is asked; then the same cases from the message text alone (`triage diagnose`),
-where the only acceptable answers are the right verdict or `inconclusive` — never a confident wrong one.
+where the only acceptable answers are the right verdict or `inconclusive` — never a confident wrong one;
+then from the snapshot alone and the snapshot with the message (`triage replay`, no collector context:
+no device record, no step samples), reported without a target: what the engine may conclude without the
+bundle, and how often it still must say `inconclusive`.
 
 Targets (issue "Diagnosis"): accuracy ≥ 95%, zero confident-wrong on hard negatives, leak site exact in
 ≥ 95% of leak cases that recorded stacks, max_batch_size within 10% in ≥ 90% of cases where it is asked.
@@ -36,8 +39,9 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def evaluate(seeds: list[int], verbose: bool = False) -> dict[str, Any]:
-    from triage.pipeline import diagnose_bundle, diagnose_text
+    from triage.pipeline import diagnose_bundle, diagnose_snapshot, diagnose_text
     from triage.simulate.scenarios import labelled_set
+    from triage.snapshot.loader import normalise
 
     t0 = time.perf_counter()
     cases = labelled_set(seeds)
@@ -75,6 +79,13 @@ def evaluate(seeds: list[int], verbose: bool = False) -> dict[str, Any]:
             dm, _ = diagnose_text(c.message)
             row["text_got"] = dm.verdict
             row["text_confident_wrong"] = dm.verdict not in (want, "inconclusive")
+        if c.snapshot is not None:
+            # `triage replay snapshot.pickle [--message]`: the snapshot without the collector's context
+            snap = normalise(c.snapshot, source="simulated", shared_frames=False)
+            for key, msg in (("snap", None), ("snap_msg", c.message)):
+                ds, _ = diagnose_snapshot(snap, message=msg)
+                row[f"{key}_correct"] = ds.verdict == want
+                row[f"{key}_confident_wrong"] = ds.verdict not in (want, "inconclusive")
         rows.append(row)
         if verbose and (
             not row["correct"] or row.get("leak_site_exact") is False or row.get("max_batch_ok") is False
@@ -112,6 +123,16 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "max_batch_cases": sum(1 for r in rows if "max_batch_ok" in r),
         "text_only_confident_wrong": sum(r.get("text_confident_wrong", False) for r in rows),
         "text_only_cases": sum(1 for r in rows if "text_got" in r),
+        **{
+            f"{key}_{what}": (
+                rate([r[f"{key}_correct"] for r in rows if f"{key}_correct" in r])
+                if what == "accuracy"
+                else sum(r.get(f"{key}_confident_wrong", False) for r in rows)
+            )
+            for key in ("snap", "snap_msg")
+            for what in ("accuracy", "confident_wrong")
+        },
+        "snap_cases": sum(1 for r in rows if "snap_correct" in r),
         "families": fam,
     }
 
@@ -167,6 +188,15 @@ def main() -> int:
                 "= 0",
                 s["text_only_confident_wrong"] == 0,
             ),
+            (
+                f"snapshot alone: confident-wrong ({s['snap_cases']} cases)",
+                str(s["snap_confident_wrong"]),
+                "",
+                True,
+            ),
+            ("snapshot alone: accuracy", pct(s["snap_accuracy"]), "", True),
+            ("snapshot + message: confident-wrong", str(s["snap_msg_confident_wrong"]), "", True),
+            ("snapshot + message: accuracy", pct(s["snap_msg_accuracy"]), "", True),
         ]
         for name, val, target, ok in table:
             print(f"{name:48} {val:>8} {target:>7} {'ok' if ok else 'MISSED'}")

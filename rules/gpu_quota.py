@@ -60,11 +60,14 @@ def evaluate(ev: Evidence) -> Finding | None:
             "torch.cuda.set_per_process_memory_fraction), or request a whole GPU."
         )
     if ev.mig_profile:
-        f.facts.append(
-            f"The job runs on a MIG slice ({ev.mig_profile}) with {human(total or 0)} of GPU memory, not a whole GPU."
-        )
+        size = f" with {human(total)} of GPU memory" if total else ""
+        f.facts.append(f"The job runs on a MIG slice ({ev.mig_profile}){size}, not a whole GPU.")
         f.values["mig_profile"] = ev.mig_profile
         s = LIKELY if needed is None or total is None or needed >= total * 0.9 else POSSIBLE
+        if needed is None and ev.mig_profile == ev.log_mig_profile:
+            # only a log line says it is a slice, nothing says how full it was: a lead, not a verdict
+            s = POSSIBLE + 0.1
+            f.missing.append("the OOM message's numbers or the collector's device record for the slice")
         if ev.declared_total_bytes and total and ev.declared_total_bytes > total * 1.05:
             s = STRONG
         f.score = max(f.score, s)

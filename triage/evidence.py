@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from triage.units import GiB, MiB, human
 if TYPE_CHECKING:
     from triage.messages import OomMessage
 
+_RE_MIG_PROFILE = re.compile(r"\bMIG[ -]?(\d{1,2}g\.\d{1,3}gb(?:\+me)?)\b", re.IGNORECASE)
 TRACE_MIN_CYCLES = 4  # cycles of live memory in a trace before they are read as steps
 RECENT_BATCH_STEPS = 2  # a batch that grew this many completed steps before the OOM still explains it
 SMALL_POOL_MAX = 1 * MiB
@@ -267,6 +269,7 @@ class Evidence:
     total_bytes: int | None = None
     declared_total_bytes: int | None = None
     mig_profile: str | None = None
+    log_mig_profile: str | None = None  # the one MIG profile the log text names (nvidia-smi, a device print)
     fraction_cap_bytes: int | None = None
     fraction_rejected: bool = False
     vgpu_limit_bytes: int | None = None
@@ -438,6 +441,9 @@ def build_evidence(
         if isinstance(t, str) and t
     ]
     if texts:
+        profiles = {p.lower() for t in texts for p in _RE_MIG_PROFILE.findall(t)}
+        if len(profiles) == 1:  # several different slices listed (nvidia-smi -L of the node): not decided
+            ev.log_mig_profile = profiles.pop()
         from triage.messages import parse_messages
 
         seen: set[str] = set()
@@ -520,6 +526,9 @@ def _device(ev: Evidence) -> None:
         ev.mig_profile = prof
     elif " MIG " in f" {ev.device_name} ":
         ev.mig_profile = ev.device_name.split("MIG", 1)[1].strip() or "unknown"
+    if ev.mig_profile is None and ev.log_mig_profile and not ev.device_name:
+        ev.mig_profile = ev.log_mig_profile
+        ev.notes.append(f"The log names the device as a MIG slice ({ev.log_mig_profile}).")
     if m is not None and m.format == "nvml-assert" and ev.mig_profile is None and "MIG" in m.text:
         ev.mig_profile = "unknown"
     cap = _int(_get(b, "allocator", "fraction_cap_bytes"))

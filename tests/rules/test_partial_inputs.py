@@ -223,3 +223,22 @@ def test_a_site_that_keeps_many_blocks_every_step(per_step: int, steps: int, is_
     st = SiteStats(Site("/w/monitor.py", 27, "_hook"), bytes=n * MiB, count=n, traced=n, allocs_in_trace=n)
     ev = Evidence(kind="cuda_oom", survivors=[Survivors(st, cycles=steps - 1, gaps=n - 1, freed_at_site=0)])
     assert (_leaky_site(ev) is not None) is is_leak
+
+
+# ---------------------------------------------------------------- a MIG slice named only by the log
+NVML_ASSERT = (
+    'RuntimeError: NVML_SUCCESS == r INTERNAL ASSERT FAILED at "../c10/cuda/CUDACachingAllocator.cpp":1123, '
+    "please report a bug to PyTorch.\n"
+)
+
+
+def test_a_mig_slice_named_by_the_log_is_a_lead_not_a_verdict() -> None:
+    log = "device: NVIDIA A100-SXM4-80GB MIG 1g.10gb\n" + "step ok\n" * 3 + NVML_ASSERT
+    d, ev = diagnose_text(log)
+    assert ev.mig_profile == "1g.10gb"
+    assert d.verdict == "inconclusive" and d.candidates[0] == "gpu_quota"
+    assert any("MIG slice (1g.10gb)" in e.fact for e in d.evidence)
+    # nvidia-smi -L of a node with several slices does not say which one the job had
+    log = "  MIG 1g.10gb Device 0: (UUID: MIG-a)\n  MIG 3g.40gb Device 1: (UUID: MIG-b)\n" + NVML_ASSERT
+    _, ev = diagnose_text(log)
+    assert ev.log_mig_profile is None and ev.mig_profile is None
