@@ -39,7 +39,7 @@ OWNER = "algorithm"
 
 MIN_CYCLES = 3  # survivors from at least four different steps
 MIN_CYCLE_FRACTION = 0.2  # several survivors per step are fine (three metrics kept per step)
-MANY_CYCLES = 8  # survivors from this many different steps are a leak however many each step kept
+MANY_CYCLES = 5  # survivors from six different steps are a leak however many each step kept
 MAX_FREED_FRACTION = 0.25  # more of the site's trace allocations freed than this: a bounded cache
 MIN_RISING_FRACTION = 0.7
 MIN_GROWTH_FRACTION = 0.05  # of the device limit
