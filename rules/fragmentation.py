@@ -111,6 +111,14 @@ def evaluate(ev: Evidence) -> Finding | None:
             f"The device still had {human(free)} free, enough for a new segment: a cap refused it, not the layout."
         )
         f.score = min(f.score, CANDIDATE)
+    if ev.device_unseen or ev.slice_sized:
+        # holes only matter at a limit; whether the limit was the job's own device or a neighbour's share or
+        # a smaller slice than it asked for is not in this input
+        f.facts.append(
+            "Which limit the job hit (its own GPU, a neighbour's share, a smaller slice than it asked for) is "
+            "not in this input: the holes decided it only if that limit was the job's to live with."
+        )
+        f.score = min(f.score, POSSIBLE + 0.1)
     if ev.expandable_segments:
         f.facts.append(
             "expandable_segments is already on, so torch's hint to enable it does not apply; "

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rules.base import CANDIDATE, LIKELY, STRONG, Finding
+from rules.base import CANDIDATE, LIKELY, POSSIBLE, STRONG, Finding
 from triage.units import GiB, MiB, human
 
 if TYPE_CHECKING:
@@ -156,6 +156,17 @@ def evaluate(ev: Evidence) -> Finding | None:
             f.score = 0.95
         elif trend_flat and not steady:
             f.score = min(f.score, 0.4)
+        elif trend is None and leak.freed_at_site >= 2 and leak.freed_after_first == 0:
+            # the site's oldest blocks were freed and none after them: a cache that has begun evicting
+            # (oldest first) looks exactly like this until it has evicted more; only the steps can tell
+            f.facts.append(
+                f"The site's {leak.freed_at_site} oldest blocks were freed and none after them: a bounded "
+                "cache that has begun evicting looks the same."
+            )
+            f.missing.append(
+                "live memory per step (the collector's step samples): a cache levels off, a leak does not"
+            )
+            f.score = min(f.score, POSSIBLE + 0.1)
     elif trend_growing and trend is not None:
         f.score = LIKELY + 0.05 if trend.steps >= 8 else LIKELY - 0.1
         if (

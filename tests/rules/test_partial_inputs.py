@@ -242,3 +242,46 @@ def test_a_mig_slice_named_by_the_log_is_a_lead_not_a_verdict() -> None:
     log = "  MIG 1g.10gb Device 0: (UUID: MIG-a)\n  MIG 3g.40gb Device 1: (UUID: MIG-b)\n" + NVML_ASSERT
     _, ev = diagnose_text(log)
     assert ev.log_mig_profile is None and ev.mig_profile is None
+
+
+# ---------------------------------------------------------------- holes matter only at a known limit
+def test_fragmentation_without_the_device_is_a_candidate() -> None:
+    from rules import fragmentation
+    from tests.rules.test_thresholds import _frag
+
+    ev = _frag(largest=512 * MiB - 1, ru=6 * GiB)
+    f = fragmentation.evaluate(ev)
+    assert f is not None and f.score >= CONFIDENT_MIN
+    ev.total_bytes = None  # a snapshot alone: neither the device's size nor its processes
+    assert ev.device_unseen
+    f = fragmentation.evaluate(ev)
+    assert f is not None and CANDIDATE < f.score < CONFIDENT_MIN
+    assert any("Which limit the job hit" in s for s in f.facts)
+
+
+# ---------------------------------------------------------------- a cache that has just begun evicting
+@pytest.mark.parametrize(
+    ("freed", "after", "with_steps", "capped"),
+    [(3, 0, False, True), (3, 1, False, False), (1, 0, False, False), (3, 0, True, False)],
+)
+def test_a_site_whose_oldest_blocks_were_freed(
+    freed: int, after: int, with_steps: bool, capped: bool
+) -> None:
+    from triage.evidence import Survivors
+    from triage.snapshot.frames import Site
+    from triage.snapshot.sites import SiteStats
+
+    st = SiteStats(
+        Site("/w/train.py", 166, "step"), bytes=8 * GiB, count=12, traced=12, allocs_in_trace=12 + freed
+    )
+    ev = cuda(
+        total_bytes=80 * GiB,
+        request_bytes=29 * GiB,
+        survivors=[Survivors(st, cycles=11, gaps=11, freed_at_site=freed, freed_after_first=after)],
+    )
+    if with_steps:  # the collector's samples: growing at every step
+        ev.trend = _trend([{"step": i, "allocated_bytes": (40 + i) * GiB} for i in range(12)])
+    f = tensor_leak.evaluate(ev)
+    assert f is not None and f.leak_site is not None
+    assert (f.score < CONFIDENT_MIN) is capped
+    assert any("begun evicting" in s for s in f.facts) is capped
