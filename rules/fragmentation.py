@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rules.base import CANDIDATE, LIKELY, POSSIBLE, STRONG, Finding
+from triage.evidence import TRACE_MIN_CYCLES
 from triage.units import human
 
 if TYPE_CHECKING:
@@ -111,6 +112,14 @@ def evaluate(ev: Evidence) -> Finding | None:
             f"The device still had {human(free)} free, enough for a new segment: a cap refused it, not the layout."
         )
         f.score = min(f.score, CANDIDATE)
+    if trend is None and len(ev.steps) < 2 and ev.has_snapshot and ev.trace_steps < 2 * TRACE_MIN_CYCLES:
+        # a leak leaves holes too (its survivors pin segments the step's temporaries were split from)
+        f.facts.append(
+            f"Nothing here shows whether live memory grew from step to step (no step samples; the trace covers "
+            f"{ev.trace_steps} step(s)): a leak leaves the same holes behind."
+        )
+        f.missing.append("live memory per step (the collector's step samples) or a longer allocator trace")
+        f.score = min(f.score, POSSIBLE + 0.1)
     if ev.device_unseen or ev.slice_sized:
         # holes only matter at a limit; whether the limit was the job's own device or a neighbour's share or
         # a smaller slice than it asked for is not in this input

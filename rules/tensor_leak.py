@@ -91,7 +91,7 @@ def evaluate(ev: Evidence) -> Finding | None:
             )
         elif trend.growth_bytes >= growth_floor and (
             trend.rising_fraction >= MIN_RISING_FRACTION
-            or (trend.falling_fraction <= 0.1 and trend.rising_fraction >= 0.25)
+            or (trend.falling_fraction <= 0.1 and trend.rising_fraction >= 0.25 and trend.rises_throughout)
             or trend.staircase
         ):
             # rises in most steps, or never falls (a tensor kept every other step rises in half of them,

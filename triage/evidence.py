@@ -8,6 +8,7 @@ device, NVML processes, own pids, fraction cap, MIG profile, batch size, step, p
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -116,6 +117,7 @@ class StepTrend:
     peak_step: int
     flat_tail: int  # step-to-step changes at the end that stayed flat (within noise)
     tail_slope_ratio: float  # mean change over the last quarter / mean change before it (1.0 = steady)
+    rise_at: tuple[int, ...] = ()  # indices of the step-to-step changes that were increases
 
     @property
     def never_falls(self) -> bool:
@@ -123,24 +125,30 @@ class StepTrend:
         evaluation)."""
         return (
             self.rising_fraction >= 0.9
-            or (self.falling_fraction <= 0.05 and self.rising_fraction >= 0.25)
+            or (self.falling_fraction <= 0.05 and self.rising_fraction >= 0.25 and self.rises_throughout)
             or self.staircase
         )
 
     @property
     def rises(self) -> int:
-        return round(self.rising_fraction * (self.steps - 1))
+        return len(self.rise_at)
 
     @property
     def staircase(self) -> bool:
-        """Rises now and then, never falls, and still rises in the last third: what is kept at every
-        evaluation or logging step. Growth, however few of the steps show it."""
-        return (
-            self.rises >= 3
-            and self.falling_fraction == 0
-            and self.late_growth_bytes > 0
-            and not self.plateaued
-        )
+        """Rises now and then, never falls, and rises in every third of the run: what is kept at every
+        evaluation or logging step. Growth, however few of the steps show it. (A cache fills in a burst
+        and stops; one more rise later, after the batch grew, is not a staircase.)"""
+        if len(self.rise_at) < 3 or self.falling_fraction > 0 or self.plateaued:
+            return False
+        return self.rises_throughout
+
+    @property
+    def rises_throughout(self) -> bool:
+        """Some step in every third of the run rose (too few steps to tell: True)."""
+        changes = self.steps - 1
+        if changes < 6:
+            return True
+        return {min(2, 3 * i // changes) for i in self.rise_at} == {0, 1, 2}
 
     @property
     def plateaued(self) -> bool:
@@ -249,6 +257,7 @@ def _trend(samples: Sequence[Any]) -> StepTrend | None:
         peak_step=peak_step,
         flat_tail=flat_tail,
         tail_slope_ratio=ratio,
+        rise_at=tuple(i for i, d in enumerate(diffs) if d > noise),
     )
 
 
@@ -336,6 +345,14 @@ class Evidence:
         if self.vgpu_limit_bytes:
             return self.vgpu_limit_bytes
         return self.total_bytes
+
+    @functools.cached_property
+    def trace_steps(self) -> int:
+        """How many steps (cycles of live memory) the OOM device's trace covers."""
+        tl = self.oom_timeline
+        if tl is None or not tl.levels:
+            return 0
+        return len(trace_cycles(tl.levels, min_cycles=1))
 
     @property
     def host_kills(self) -> list[OomMessage]:
@@ -759,11 +776,16 @@ def _trace_trend(ev: Evidence) -> None:
             }
         )
         prev_rise, prev_low = rise, low
+    # the first cycle is not comparable: the first step allocates the optimizer's state and workspaces,
+    # and a trace that starts mid-run starts mid-step
+    samples = samples[1:]
+    if len(samples) < TRACE_MIN_CYCLES or workload - samples[0]["batch_size"] > len(samples) // 3:
+        return  # too few steps, or cycles too unlike each other to be read as the same step repeated
     ev.trend = _trend(samples)
     if ev.trend is not None:
         ev.trend_source = "trace"
         ev.notes.append(
-            f"No per-step memory samples: {len(cycles)} steps were read from the allocator trace "
+            f"No per-step memory samples: {len(samples)} steps were read from the allocator trace "
             "(the low point of each cycle of live memory)."
         )
 

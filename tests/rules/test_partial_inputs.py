@@ -259,6 +259,22 @@ def test_fragmentation_without_the_device_is_a_candidate() -> None:
     assert any("Which limit the job hit" in s for s in f.facts)
 
 
+def test_fragmentation_needs_the_steps_to_rule_out_growth() -> None:
+    """Holes are also what a leak leaves: without step samples and with a trace of a step or two, the
+    layout is a lead; with the samples flat, it is the verdict."""
+    from rules import fragmentation
+    from tests.rules.test_thresholds import _frag
+
+    ev = _frag(largest=512 * MiB - 1, ru=6 * GiB)
+    f = fragmentation.evaluate(ev)
+    assert f is not None and f.score >= CONFIDENT_MIN
+    ev.trend = None
+    assert ev.trace_steps == 0
+    f = fragmentation.evaluate(ev)
+    assert f is not None and CANDIDATE < f.score < CONFIDENT_MIN
+    assert any("a leak leaves the same holes" in s for s in f.facts)
+
+
 # ---------------------------------------------------------------- a cache that has just begun evicting
 @pytest.mark.parametrize(
     ("freed", "after", "with_steps", "capped"),
@@ -285,3 +301,20 @@ def test_a_site_whose_oldest_blocks_were_freed(
     assert f is not None and f.leak_site is not None
     assert (f.score < CONFIDENT_MIN) is capped
     assert any("begun evicting" in s for s in f.facts) is capped
+
+
+def test_a_cache_filling_then_a_bigger_batch_is_not_growth() -> None:
+    """A cache of 4 fills in the first steps, stays flat, then the batch grows and the cache turns over at
+    the new size: rises early and once at the end, none in the middle third."""
+    values = [4, 8, 11, 15, *[15] * 9, 26, 36]
+    batches = [134] * 13 + [522] * 2
+    samples = [
+        {"step": i, "allocated_bytes": v * GiB, "batch_size": b}
+        for i, (v, b) in enumerate(zip(values, batches, strict=True))
+    ]
+    t = _trend(samples)
+    assert t is not None and t.falling_fraction == 0 and t.rising_fraction >= 0.25
+    assert not t.rises_throughout and not t.never_falls and not t.staircase
+    # a tensor kept every other step rises in half of the steps, in every third of the run
+    t = _trend([{"step": i, "allocated_bytes": (10 + i // 2) * GiB} for i in range(15)])
+    assert t is not None and t.rises_throughout and t.never_falls

@@ -184,6 +184,7 @@ def _frag(largest: int, ru: int, req: int = 512 * MiB, expandable: bool | None =
     seg = Segment(0, 0, 1, 0, "large", (0, 0), False, [], [])
     return cuda(
         snapshot=Snapshot([seg], [], {}, [], era="v2"),
+        trend=trend([50 * GiB] * 8),  # the collector's samples: live memory flat across steps
         reserved_bytes=70 * GiB,
         allocated_bytes=70 * GiB - ru,
         request_bytes=req,
