@@ -30,6 +30,7 @@ ID = "fragmentation"
 VERDICT = "fragmentation"
 OWNER = "algorithm"
 
+UNLIKE_EARLIER = 1.25  # a step that wants this much more than the earlier steps' peak is a new demand
 MIN_WASTE_FRACTION = 0.05  # reserved-but-unallocated must be at least this share of what the job may hold
 
 
@@ -112,6 +113,15 @@ def evaluate(ev: Evidence) -> Finding | None:
             f"The device still had {human(free)} free, enough for a new segment: a cap refused it, not the layout."
         )
         f.score = min(f.score, CANDIDATE)
+    before = ev.earlier_peak_bytes
+    needed = ev.needed_bytes
+    if before is not None and needed is not None and needed > UNLIKE_EARLIER * before:
+        # the layout is proved guilty only for a demand the job had met before
+        f.facts.append(
+            f"At the OOM this step already wanted {human(needed)}, far more than the {human(before)} the earlier "
+            "steps peaked at: whether the step fits at all, packed or not, is not known."
+        )
+        f.score = min(f.score, POSSIBLE + 0.1)
     if trend is None and len(ev.steps) < 2 and ev.has_snapshot and ev.trace_steps < 2 * TRACE_MIN_CYCLES:
         # a leak leaves holes too (its survivors pin segments the step's temporaries were split from)
         f.facts.append(

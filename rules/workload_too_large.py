@@ -24,6 +24,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from rules.base import CANDIDATE, LIKELY, POSSIBLE, STRONG, Finding
+from triage.evidence import CUDA_CONTEXT_MAX
 from triage.units import GiB, human
 
 if TYPE_CHECKING:
@@ -205,6 +206,15 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.score -= 0.3
     if early and (flat or ev.trend is None) and f.score >= LIKELY:
         f.score = STRONG - 0.05 if needed is not None else LIKELY
+    unexplained = ev.non_pytorch_bytes
+    if unexplained is not None and unexplained > CUDA_CONTEXT_MAX and not ev.processes:
+        # old messages have no process lines: memory in use outside this allocator may be a neighbour's
+        f.facts.append(
+            f"{human(unexplained)} of the device was in use outside this process's allocator, and nothing "
+            "says whose: the job may have been squeezed, not too large."
+        )
+        f.missing.append("the process list (the OOM message of torch 2.1+, or the collector's NVML list)")
+        f.score = min(f.score, POSSIBLE + 0.1)
     if ev.device_unseen:
         # the job's own state rules out a leak or holes; what else was on the device is unknown
         f.facts.append(

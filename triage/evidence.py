@@ -347,6 +347,20 @@ class Evidence:
         return self.total_bytes
 
     @functools.cached_property
+    def earlier_peak_bytes(self) -> int | None:
+        """The highest live memory of the completed steps: the collector's samples (two or more), else the
+        cycles of the trace (the first, and the failing one, left out)."""
+        if len(self.steps) >= 2:
+            return max(s.peak_allocated_bytes for s in self.steps)
+        tl = self.oom_timeline
+        if tl is None or not tl.levels:
+            return None
+        cycles = trace_cycles(tl.levels, min_cycles=1)[1:-1]
+        if len(cycles) < 2:
+            return None
+        return max(top for _, top in cycles) + tl.start_allocated
+
+    @functools.cached_property
     def trace_steps(self) -> int:
         """How many steps (cycles of live memory) the OOM device's trace covers."""
         tl = self.oom_timeline

@@ -318,3 +318,41 @@ def test_a_cache_filling_then_a_bigger_batch_is_not_growth() -> None:
     # a tensor kept every other step rises in half of the steps, in every third of the run
     t = _trend([{"step": i, "allocated_bytes": (10 + i // 2) * GiB} for i in range(15)])
     assert t is not None and t.rises_throughout and t.never_falls
+
+
+# ---------------------------------------------------------------- memory outside the allocator, nobody named
+@pytest.mark.parametrize(("outside", "capped"), [(71 * GiB, True), (2 * GiB, False)])
+def test_memory_outside_the_allocator_that_nobody_owns(outside: int, capped: bool) -> None:
+    """torch 2.0's message has no process lines: a neighbour shows only as device memory nobody accounts for."""
+    total = 80 * GiB
+    reserved = total - outside - 100 * MiB
+    ev = cuda(
+        total_bytes=total,
+        reserved_bytes=reserved,
+        allocated_bytes=reserved - 50 * MiB,
+        device_free_bytes=100 * MiB,
+        request_bytes=GiB,
+        step=0,
+        non_pytorch_bytes=outside,  # total - free - reserved, as build_evidence derives it
+    )
+    w = workload_too_large.evaluate(ev)
+    assert w is not None
+    assert (w.score < CONFIDENT_MIN) is capped
+    assert any("nothing says whose" in s for s in w.facts) is capped
+
+
+# ---------------------------------------------------------------- a step unlike the earlier ones
+@pytest.mark.parametrize(("peak_gib", "capped"), [(40, True), (69, False)])
+def test_holes_convict_only_for_a_demand_met_before(peak_gib: int, capped: bool) -> None:
+    from rules import fragmentation
+    from tests.rules.test_thresholds import _frag
+
+    ev = _frag(largest=512 * MiB - 1, ru=6 * GiB)  # needs 64.5 GiB at the OOM
+    ev.steps = _step_samples(
+        [{"step": i, "allocated_bytes": 30 * GiB, "peak_allocated_bytes": peak_gib * GiB} for i in range(8)]
+    )
+    assert ev.earlier_peak_bytes == peak_gib * GiB
+    f = fragmentation.evaluate(ev)
+    assert f is not None
+    assert (f.score < CONFIDENT_MIN) is capped
+    assert any("far more than" in s for s in f.facts) is capped
