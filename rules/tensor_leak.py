@@ -39,6 +39,7 @@ OWNER = "algorithm"
 
 MIN_CYCLES = 3  # survivors from at least four different steps
 MIN_CYCLE_FRACTION = 0.2  # several survivors per step are fine (three metrics kept per step)
+MINOR_SHARE = 0.05  # survivors below this share of the job's memory, and not decisive, did not cause the OOM
 MANY_CYCLES = 5  # survivors from six different steps are a leak however many each step kept
 MAX_FREED_FRACTION = 0.25  # more of the site's trace allocations freed than this: a bounded cache
 MIN_RISING_FRACTION = 0.7
@@ -55,6 +56,20 @@ def _leaky_site(ev: Evidence, min_cycles: int = MIN_CYCLES) -> Survivors | None:
         if best is None or s.stats.bytes > best.stats.bytes:
             best = s
     return best
+
+
+def _kept_across_steps(ev: Evidence) -> int:
+    """Bytes of every site's blocks that outlived the step that made them (a kept loss also keeps its
+    graph: the activations show up as survivors of their own sites)."""
+    return sum(s.stats.bytes for s in ev.survivors if s.cycles >= 1 and not s.evicted_like_a_cache)
+
+
+def _minor(ev: Evidence) -> bool:
+    """What outlived its step is a small share of the job's memory and could not have served the request."""
+    kept = _kept_across_steps(ev)
+    if ev.request_bytes is None or not ev.allocated_bytes:
+        return False
+    return kept < MINOR_SHARE * ev.allocated_bytes and kept + (ev.device_free_bytes or 0) < ev.request_bytes
 
 
 def _lead(ev: Evidence, f: Finding) -> None:
@@ -156,6 +171,16 @@ def evaluate(ev: Evidence) -> Finding | None:
             f.score = 0.95
         elif trend_flat and not steady:
             f.score = min(f.score, 0.4)
+        elif trend is None and not decisive and _minor(ev):
+            # without the steps, only the blocks show the leak: if everything that outlived its step could
+            # not have made room for the request, this OOM came from something else (the leak is still real)
+            kept = _kept_across_steps(ev)
+            f.facts.append(
+                f"All that outlived its step comes to {human(kept)}, {kept / max(1, ev.allocated_bytes or 1):.1%} "
+                f"of the job's memory: freed, it would not have made room for the {human(ev.request_bytes or 0)} "
+                "request. A leak, but not what failed here."
+            )
+            f.score = min(f.score, POSSIBLE + 0.1)
         elif trend is None and leak.freed_at_site >= 2 and leak.freed_after_first == 0:
             # the site's oldest blocks were freed and none after them: a cache that has begun evicting
             # (oldest first) looks exactly like this until it has evicted more; only the steps can tell

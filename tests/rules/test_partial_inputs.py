@@ -356,3 +356,34 @@ def test_holes_convict_only_for_a_demand_met_before(peak_gib: int, capped: bool)
     assert f is not None
     assert (f.score < CONFIDENT_MIN) is capped
     assert any("far more than" in s for s in f.facts) is capped
+
+
+# ---------------------------------------------------------------- a small leak that did not cause this OOM
+@pytest.mark.parametrize(
+    ("kept", "with_steps", "capped"),
+    [
+        (270 * MiB, False, True),  # 1.3% of the job, could not have served 1.2 GiB: not what failed
+        (2 * GiB, False, False),  # freed, it would have served the request: decisive
+        (270 * MiB, True, False),  # the steps show the growth: the leak is the story
+    ],
+)
+def test_a_small_leak_beside_an_oom_it_did_not_cause(kept: int, with_steps: bool, capped: bool) -> None:
+    from triage.evidence import Survivors
+    from triage.snapshot.frames import Site
+    from triage.snapshot.sites import SiteStats
+
+    st = SiteStats(Site("/w/train.py", 64, "train_step"), bytes=kept, count=7, traced=7, allocs_in_trace=7)
+    ev = cuda(
+        total_bytes=24 * GiB,
+        reserved_bytes=22 * GiB,
+        allocated_bytes=20 * GiB,
+        device_free_bytes=0,
+        request_bytes=int(1.2 * GiB),
+        survivors=[Survivors(st, cycles=6, gaps=6, freed_at_site=0)],
+    )
+    if with_steps:
+        ev.trend = _trend([{"step": i, "allocated_bytes": (10 * GiB) + i * 40 * MiB} for i in range(8)])
+    f = tensor_leak.evaluate(ev)
+    assert f is not None and f.leak_site is not None
+    assert (f.score < CONFIDENT_MIN) is capped
+    assert any("not what failed here" in s for s in f.facts) is capped
