@@ -82,7 +82,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.facts.append(
             "Live memory grew step after step: the holes are a symptom of the growth, not its cause."
         )
-        f.score -= 0.25
+        f.score = min(f.score - 0.25, POSSIBLE + 0.1)
     if ev.batch_grew_from:
         f.facts.append("The batch size grew just before the OOM: the demand changed, not the layout.")
         f.score -= 0.3
