@@ -871,11 +871,12 @@ def _allocs_by_site(ev: Evidence) -> dict[tuple[int, Site], list[int]]:
 def _is_cycle(tl: DeviceTimeline, a: int, c: int) -> bool:
     """Whether a training step ended between two survivors allocated at entries a and c.
 
-    Two conditions, both needed: live memory fell below its level from before ``a`` (what was
-    allocated around ``a`` was freed again), and far more was allocated in between than was kept
-    (at least 4x the net growth): a whole forward/backward came and went. Inside one forward pass the
-    saved activations make the net growth a large part of what is allocated, so layer after layer of
-    the same line does not count as steps.
+    Far more was allocated in between than was kept (at least 4x the net growth), and either live
+    memory fell below its level from before ``a`` (what was allocated around ``a`` was freed again), or
+    it rose and came back down to within a quarter of the rise (``a`` was made at the step's low point,
+    the top of the loop): a whole forward/backward came and went. Inside one forward pass the saved
+    activations make the net growth a large part of what is allocated and memory does not come back
+    down, so layer after layer of the same line does not count as steps.
     """
     if c - a < 3:
         return False
@@ -883,11 +884,16 @@ def _is_cycle(tl: DeviceTimeline, a: int, c: int) -> bool:
     size = e.get("size", 0)
     s = size if isinstance(size, int) else 0
     level_a = tl.level_at(a)
-    if tl.min_level_between(a + 1, c) >= level_a - s:
-        return False
     net = tl.level_at(c - 1) - level_a
     volume = tl.volumes[c - 1] - tl.volumes[a]
-    return volume >= 4 * max(net, 1)
+    if volume < 4 * max(net, 1):
+        return False
+    if tl.min_level_between(a + 1, c) < level_a - s:
+        return True
+    # made at the step's low point (the top of the loop): nothing live at ``a`` is freed later, so memory
+    # cannot fall below it; the step shows as a rise that came all the way back down before ``c``
+    rise = tl.max_level_between(a + 1, c) - level_a
+    return rise > 0 and net <= 0.25 * rise
 
 
 def _contract(ev: Evidence) -> None:

@@ -387,3 +387,72 @@ def test_a_small_leak_beside_an_oom_it_did_not_cause(kept: int, with_steps: bool
     assert f is not None and f.leak_site is not None
     assert (f.score < CONFIDENT_MIN) is capped
     assert any("not what failed here" in s for s in f.facts) is capped
+
+
+# ---------------------------------------------------------------- a leak made at the top of the loop
+def _loop_trace(steps: int, leak_first: bool) -> dict[str, Any]:
+    """A raw snapshot whose trace is ``steps`` training steps; each keeps one 8 MiB tensor from user code,
+    made at the top of the loop (the step's low point) or in the middle of the forward."""
+    user = [{"filename": "/w/train.py", "line": 40, "name": "train_step"}]
+    act = [{"filename": "/w/model.py", "line": 12, "name": "forward"}]
+    trace: list[dict[str, Any]] = []
+    addr = 1 << 30
+    kept: list[int] = []
+
+    def alloc(size: int, frames: list[dict[str, Any]]) -> int:
+        nonlocal addr
+        addr += 1 << 28
+        trace.append({"action": "alloc", "addr": addr, "size": size, "stream": 0, "frames": frames})
+        return addr
+
+    for _ in range(steps):
+        if leak_first:
+            kept.append(alloc(8 << 20, user))
+        acts = [alloc(256 << 20, act) for _ in range(4)]
+        if not leak_first:
+            kept.append(alloc(8 << 20, user))
+        for a in reversed(acts):
+            trace.append(
+                {"action": "free_requested", "addr": a, "size": 256 << 20, "stream": 0, "frames": act}
+            )
+            trace.append(
+                {"action": "free_completed", "addr": a, "size": 256 << 20, "stream": 0, "frames": act}
+            )
+    trace.append({"action": "oom", "addr": 0, "size": 1 << 30, "stream": 0, "device_free": 0, "frames": act})
+    blocks = [
+        {
+            "address": a,
+            "size": 8 << 20,
+            "requested_size": 8 << 20,
+            "state": "active_allocated",
+            "frames": user,
+        }
+        for a in kept
+    ]
+    segments = [
+        {
+            "device": 0,
+            "address": b["address"],
+            "total_size": b["size"],
+            "allocated_size": b["size"],
+            "active_size": b["size"],
+            "requested_size": b["size"],
+            "stream": 0,
+            "segment_type": "large",
+            "segment_pool_id": (0, 0),
+            "is_expandable": False,
+            "frames": [],
+            "blocks": [b],
+        }
+        for b in blocks
+    ]
+    return {"segments": segments, "device_traces": [trace]}
+
+
+@pytest.mark.parametrize("leak_first", [True, False])
+def test_a_leak_is_found_wherever_in_the_step_it_is_made(leak_first: bool) -> None:
+    snap = normalise(_loop_trace(8, leak_first), source="test", shared_frames=False)
+    d, ev = diagnose_snapshot(snap)
+    site = next(s for s in ev.survivors if s.site.line == 40)
+    assert site.cycles == 7, site
+    assert d.leak_site is not None and d.leak_site["line"] == 40

@@ -110,6 +110,12 @@ class DeviceTimeline:
             return self.level_at(lo)
         return min(self.levels[lo:hi]) + self.start_allocated
 
+    def max_level_between(self, lo: int, hi: int) -> int:
+        """Highest allocated level after entries lo..hi-1 (bytes)."""
+        if hi <= lo:
+            return self.level_at(lo)
+        return max(self.levels[lo:hi]) + self.start_allocated
+
     def to_dict(self) -> dict[str, Any]:
         oom = None
         if self.oom is not None:
