@@ -348,15 +348,18 @@ class Evidence:
 
     @functools.cached_property
     def earlier_peak_bytes(self) -> int | None:
-        """The highest live memory of the completed steps: the collector's samples (two or more), else the
-        cycles of the trace (the first, and the failing one, left out)."""
-        if len(self.steps) >= 2:
+        """The highest live memory of the completed steps: the collector's samples, else the cycles of the
+        trace (the first, and the failing one, left out). None for fewer than TRACE_MIN_CYCLES steps: too
+        few to say what the job's steps demand."""
+        if self.steps:
+            if len(self.steps) < TRACE_MIN_CYCLES:
+                return None
             return max(s.peak_allocated_bytes for s in self.steps)
         tl = self.oom_timeline
         if tl is None or not tl.levels:
             return None
         cycles = trace_cycles(tl.levels, min_cycles=1)[1:-1]
-        if len(cycles) < 2:
+        if len(cycles) < TRACE_MIN_CYCLES:
             return None
         return max(top for _, top in cycles) + tl.start_allocated
 
