@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 CANDIDATE = 0.25  # cannot be ruled out, nothing for it
 POSSIBLE = 0.45  # some support, not enough alone
+LEAD = POSSIBLE + 0.1  # when the input cannot decide: the first candidate, never the verdict
 LIKELY = 0.7
 STRONG = 0.85
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rules.base import CANDIDATE, LIKELY, POSSIBLE, STRONG, Finding
+from rules.base import CANDIDATE, LEAD, LIKELY, POSSIBLE, STRONG, Finding
 from triage.evidence import TRACE_MIN_CYCLES
 from triage.units import human
 
@@ -82,7 +82,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.facts.append(
             "Live memory grew step after step: the holes are a symptom of the growth, not its cause."
         )
-        f.score = min(f.score - 0.25, POSSIBLE + 0.1)
+        f.score = min(f.score - 0.25, LEAD)
     if ev.batch_grew_from:
         f.facts.append("The batch size grew just before the OOM: the demand changed, not the layout.")
         f.score -= 0.3
@@ -121,7 +121,7 @@ def evaluate(ev: Evidence) -> Finding | None:
             f"At the OOM this step already wanted {human(needed)}, far more than the {human(before)} the earlier "
             "steps peaked at: whether the step fits at all, packed or not, is not known."
         )
-        f.score = min(f.score, POSSIBLE + 0.1)
+        f.score = min(f.score, LEAD)
     if trend is None and len(ev.steps) < 2 and ev.has_snapshot and ev.trace_steps < 2 * TRACE_MIN_CYCLES:
         # a leak leaves holes too (its survivors pin segments the step's temporaries were split from)
         f.facts.append(
@@ -129,7 +129,7 @@ def evaluate(ev: Evidence) -> Finding | None:
             f"{ev.trace_steps} step(s)): a leak leaves the same holes behind."
         )
         f.missing.append("live memory per step (the collector's step samples) or a longer allocator trace")
-        f.score = min(f.score, POSSIBLE + 0.1)
+        f.score = min(f.score, LEAD)
     if ev.device_unseen or ev.slice_sized:
         # holes only matter at a limit; whether the limit was the job's own device or a neighbour's share or
         # a smaller slice than it asked for is not in this input
@@ -137,7 +137,7 @@ def evaluate(ev: Evidence) -> Finding | None:
             "Which limit the job hit (its own GPU, a neighbour's share, a smaller slice than it asked for) is "
             "not in this input: the holes decided it only if that limit was the job's to live with."
         )
-        f.score = min(f.score, POSSIBLE + 0.1)
+        f.score = min(f.score, LEAD)
     if ev.expandable_segments:
         f.facts.append(
             "expandable_segments is already on, so torch's hint to enable it does not apply; "

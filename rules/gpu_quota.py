@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rules.base import CANDIDATE, LIKELY, POSSIBLE, STRONG, Finding
+from rules.base import CANDIDATE, LEAD, LIKELY, POSSIBLE, STRONG, Finding
 from triage.units import human
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         s = LIKELY if needed is None or total is None or needed >= total * 0.9 else POSSIBLE
         if needed is None and ev.mig_profile == ev.log_mig_profile:
             # only a log line says it is a slice, nothing says how full it was: a lead, not a verdict
-            s = POSSIBLE + 0.1
+            s = LEAD
             f.missing.append("the OOM message's numbers or the collector's device record for the slice")
         if ev.declared_total_bytes and total and ev.declared_total_bytes > total * 1.05:
             s = STRONG

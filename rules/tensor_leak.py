@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rules.base import CANDIDATE, LIKELY, POSSIBLE, STRONG, Finding
+from rules.base import CANDIDATE, LEAD, LIKELY, STRONG, Finding
 from triage.units import GiB, MiB, human
 
 if TYPE_CHECKING:
@@ -64,9 +64,9 @@ def _kept_across_steps(ev: Evidence) -> int:
     return sum(s.stats.bytes for s in ev.survivors if s.cycles >= 1 and not s.evicted_like_a_cache)
 
 
-def _minor(ev: Evidence) -> bool:
-    """What outlived its step is a small share of the job's memory and could not have served the request."""
-    kept = _kept_across_steps(ev)
+def _minor(ev: Evidence, kept: int) -> bool:
+    """``kept`` (what outlived its step) is a small share of the job's memory and could not have served
+    the request."""
     if ev.request_bytes is None or not ev.allocated_bytes:
         return False
     return kept < MINOR_SHARE * ev.allocated_bytes and kept + (ev.device_free_bytes or 0) < ev.request_bytes
@@ -171,16 +171,15 @@ def evaluate(ev: Evidence) -> Finding | None:
             f.score = 0.95
         elif trend_flat and not steady:
             f.score = min(f.score, 0.4)
-        elif trend is None and not decisive and _minor(ev):
+        elif trend is None and not decisive and _minor(ev, kept := _kept_across_steps(ev)):
             # without the steps, only the blocks show the leak: if everything that outlived its step could
             # not have made room for the request, this OOM came from something else (the leak is still real)
-            kept = _kept_across_steps(ev)
             f.facts.append(
                 f"All that outlived its step comes to {human(kept)}, {kept / max(1, ev.allocated_bytes or 1):.1%} "
                 f"of the job's memory: freed, it would not have made room for the {human(ev.request_bytes or 0)} "
                 "request. A leak, but not what failed here."
             )
-            f.score = min(f.score, POSSIBLE + 0.1)
+            f.score = min(f.score, LEAD)
         elif trend is None and leak.freed_at_site >= 2 and leak.freed_after_first == 0:
             # the site's oldest blocks were freed and none after them: a cache that has begun evicting
             # (oldest first) looks exactly like this until it has evicted more; only the steps can tell
@@ -191,7 +190,7 @@ def evaluate(ev: Evidence) -> Finding | None:
             f.missing.append(
                 "live memory per step (the collector's step samples): a cache levels off, a leak does not"
             )
-            f.score = min(f.score, POSSIBLE + 0.1)
+            f.score = min(f.score, LEAD)
     elif trend_growing and trend is not None:
         f.score = LIKELY + 0.05 if trend.steps >= 8 else LIKELY - 0.1
         if (

@@ -23,7 +23,7 @@ import itertools
 import math
 from typing import TYPE_CHECKING, Any
 
-from rules.base import CANDIDATE, LIKELY, POSSIBLE, STRONG, Finding
+from rules.base import CANDIDATE, LEAD, LIKELY, POSSIBLE, STRONG, Finding
 from triage.evidence import CUDA_CONTEXT_MAX
 from triage.units import GiB, human
 
@@ -214,7 +214,7 @@ def evaluate(ev: Evidence) -> Finding | None:
             "says whose: the job may have been squeezed, not too large."
         )
         f.missing.append("the process list (the OOM message of torch 2.1+, or the collector's NVML list)")
-        f.score = min(f.score, POSSIBLE + 0.1)
+        f.score = min(f.score, LEAD)
     if ev.device_unseen:
         # the job's own state rules out a leak or holes; what else was on the device is unknown
         f.facts.append(
@@ -225,14 +225,14 @@ def evaluate(ev: Evidence) -> Finding | None:
             "the OOM message or the collector's bundle (the device's total and its process list): without "
             "them a neighbour or a smaller slice than the job asked for looks the same as a too-large step"
         )
-        f.score = min(f.score, POSSIBLE + 0.1)
+        f.score = min(f.score, LEAD)
     slice_name = ev.slice_sized
     if slice_name:
         f.facts.append(
             f"The device has {human(ev.total_bytes or 0)}, the size of a MIG slice ({slice_name}): whether "
             "the job was meant to fit in it decides between shrinking the job and asking for more."
         )
-        f.score = min(f.score, POSSIBLE + 0.1)
+        f.score = min(f.score, LEAD)
     if f.score <= CANDIDATE:
         f.missing.append(
             "live memory per step (the collector's step samples): a leak grows across steps, a too-large batch does not"

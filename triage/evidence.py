@@ -138,7 +138,7 @@ class StepTrend:
         """Rises now and then, never falls, and rises in every third of the run: what is kept at every
         evaluation or logging step. Growth, however few of the steps show it. (A cache fills in a burst
         and stops; one more rise later, after the batch grew, is not a staircase.)"""
-        if len(self.rise_at) < 3 or self.falling_fraction > 0 or self.plateaued:
+        if self.rises < 3 or self.falling_fraction > 0 or self.plateaued:
             return False
         return self.rises_throughout
 
@@ -220,7 +220,7 @@ def _trend(samples: Sequence[Any]) -> StepTrend | None:
         else b.allocated_bytes - a.allocated_bytes
         for a, b in itertools.pairwise(ss)
     ]
-    vals = [pts[0][1], *itertools.accumulate(diffs, initial=pts[0][1])][1:]
+    vals = list(itertools.accumulate(diffs, initial=pts[0][1]))  # live memory, batch-size jumps removed
     noise = 512  # live memory after a step is exact to the byte; one rounded block is a change
     rising = sum(1 for d in diffs if d > noise) / len(diffs)
     falling = sum(1 for d in diffs if d < -noise) / len(diffs)
@@ -347,6 +347,15 @@ class Evidence:
         return self.total_bytes
 
     @functools.cached_property
+    def _oom_trace_cycles(self) -> list[tuple[int, int]]:
+        """Every cycle of live memory (the biggest swing) in the OOM device's trace, absolute bytes."""
+        tl = self.oom_timeline
+        if tl is None or not tl.levels:
+            return []
+        base = tl.start_allocated
+        return [(low + base, top + base) for low, top in trace_cycles(tl.levels, min_cycles=1)]
+
+    @property
     def earlier_peak_bytes(self) -> int | None:
         """The highest live memory of the completed steps: the collector's samples, else the cycles of the
         trace (the first, and the failing one, left out). None for fewer than TRACE_MIN_CYCLES steps: too
@@ -355,21 +364,15 @@ class Evidence:
             if len(self.steps) < TRACE_MIN_CYCLES:
                 return None
             return max(s.peak_allocated_bytes for s in self.steps)
-        tl = self.oom_timeline
-        if tl is None or not tl.levels:
-            return None
-        cycles = trace_cycles(tl.levels, min_cycles=1)[1:-1]
+        cycles = self._oom_trace_cycles[1:-1]
         if len(cycles) < TRACE_MIN_CYCLES:
             return None
-        return max(top for _, top in cycles) + tl.start_allocated
+        return max(top for _, top in cycles)
 
-    @functools.cached_property
+    @property
     def trace_steps(self) -> int:
         """How many steps (cycles of live memory) the OOM device's trace covers."""
-        tl = self.oom_timeline
-        if tl is None or not tl.levels:
-            return 0
-        return len(trace_cycles(tl.levels, min_cycles=1))
+        return len(self._oom_trace_cycles)
 
     @property
     def host_kills(self) -> list[OomMessage]:
