@@ -157,9 +157,11 @@ def send_claim(
         return Outcome(RETRY, None, f"unreadable: {exc}")
     out = deliver(url, token, body, deadline, claim.incident_id)
     if out.result == DELIVERED:
-        claim.delivered()
+        # the line first, then the file: whoever sees the spool empty (a process about to exit) knows the
+        # line was written; dying in between only resends a bundle the service takes once by its id
         if announce:
             _log.say(verdict_line(claim.incident_id, out.answer))
+        claim.delivered()
     elif out.result == REJECTED:
         claim.reject(out.reason)
         _log.say(
