@@ -60,6 +60,34 @@ def _completed_steps(ev: Evidence) -> list[tuple[int, int, int]]:
     return out
 
 
+def _buffer(ev: Evidence) -> tuple[int, int, int] | None:
+    """(bytes, batch size it filled at, live memory without it) of a bounded buffer: live memory that
+    grew over the first steps and then stopped (kept outputs, features, a replay cache).
+
+    Its entries are per-batch tensors, so its size per sample is what it grew by over the batch size
+    in effect while it grew, and the memory that does not scale is the live memory after the last step
+    run at that batch size, less the buffer. (A later step at another batch size already holds entries
+    of the new size: its level mixes the two.)
+    """
+    trend = ev.trend
+    if trend is None or not trend.plateaued or trend.early_growth_bytes <= 0 or len(ev.steps) < 2:
+        return None
+    grew: dict[int, int] = {}  # batch size -> bytes the buffer grew by at that size
+    for i, (a, b) in enumerate(itertools.pairwise(ev.steps)):
+        if i in trend.rise_at:
+            size = b.batch_size or ev.batch_size
+            if size and size > 0:
+                grew[size] = grew.get(size, 0) + b.allocated_bytes - a.allocated_bytes
+    if not grew:
+        return None
+    fill_batch = max(grew, key=lambda k: grew[k])
+    level = next(
+        s.allocated_bytes for s in reversed(ev.steps) if (s.batch_size or ev.batch_size) == fill_batch
+    )
+    size = min(trend.early_growth_bytes, level)
+    return size, fill_batch, level - size
+
+
 def estimate_max_batch(ev: Evidence) -> tuple[int | None, dict[str, Any]]:
     info: dict[str, Any] = {}
     batch = ev.batch_size
@@ -69,28 +97,27 @@ def estimate_max_batch(ev: Evidence) -> tuple[int | None, dict[str, Any]]:
     fixed: int | None = None
     per_sample: float | None = None
     steps = _completed_steps(ev)
+    needed = ev.needed_bytes
     if steps:
         # the most demanding completed step per sample; the next step starts where the last one ended
         per_sample = max((peak - start) / b for start, peak, b in steps)
         fixed = ev.steps[-1].allocated_bytes
         info["source"] = f"{len(steps)} completed steps"
-        trend = ev.trend
-        if fixed is not None and trend is not None and trend.plateaued and trend.early_growth_bytes > 0:
-            # memory that filled up over the first steps and then stopped is a bounded buffer (kept outputs,
-            # features, a replay cache); its entries are usually per-batch tensors, so it is counted as
-            # growing with the batch: the conservative reading, since a too-large answer OOMs again
-            cache = min(trend.early_growth_bytes, fixed)
-            b_last = steps[-1][2]
-            per_sample += cache / b_last
-            fixed -= cache
+        buf = _buffer(ev)
+        if buf is not None:
+            # counted as growing with the batch: the conservative reading, since a too-large answer
+            # OOMs again once the buffer turns over at the new size
+            size, fill_batch, fixed = buf
+            per_sample += size / fill_batch
             info["source"] += " (bounded buffer counted per sample)"
-        needed = ev.needed_bytes
-        if needed is not None and fixed is not None and (needed - fixed) / batch > per_sample:
+            info["buffer_bytes"] = size
+        if needed is not None and (needed - fixed) / batch > per_sample:
             per_sample = (needed - fixed) / batch  # the failing step wanted more per sample than any before
             info["source"] = "failing step (upper bound)"
-    elif ev.needed_bytes is not None:
-        fixed = _fixed_from_trace(ev)
-        per_sample = (ev.needed_bytes - fixed) / batch
+    elif needed is not None:
+        # the failing step starts where the last sampled step ended; without a sample, from the trace
+        fixed = ev.steps[-1].allocated_bytes if ev.steps else _fixed_from_trace(ev)
+        per_sample = (needed - fixed) / batch
         info["source"] = "failing step (upper bound)"
     if fixed is None or per_sample is None or per_sample <= 0:
         return None, info
@@ -106,18 +133,94 @@ def estimate_max_batch(ev: Evidence) -> tuple[int | None, dict[str, Any]]:
     return max(0, est), info
 
 
-def _fixed_from_trace(ev: Evidence) -> int:
-    """Live memory before the failing step began: the lowest level after the last step boundary.
+_MODULE_CALL = frozenset({"_call_impl", "_wrapped_call_impl"})  # torch/nn/modules/module.py: Module.__call__
 
-    Without a boundary in the trace, the memory of blocks that were live before the trace started.
+
+def _frame_key(fr: Any) -> tuple[Any, Any, Any]:
+    return (fr.get("filename"), fr.get("line"), fr.get("name"))
+
+
+def _model_call(ev: Evidence, frames: list[Any]) -> tuple[Any, Any, Any] | None:
+    """The user line that called the model the failing allocation ran in (``out = model(x)``): the
+    outermost user frame with torch's module-call frames just inside it. None when the allocation did
+    not happen inside a module's forward (the loss, the optimizer, a copy in the loop)."""
+    call = None
+    inside = False
+    for fr in frames:  # innermost first
+        if not isinstance(fr, dict):
+            continue
+        is_python, is_user = ev.classifier.classify(fr)
+        if is_user:
+            if inside:
+                call = _frame_key(fr)
+            inside = False
+        elif is_python and fr.get("name") in _MODULE_CALL and "modules/module" in str(fr.get("filename", "")):
+            inside = True
+    return call
+
+
+def _call_line(ev: Evidence) -> tuple[Any, Any, Any] | None:
+    """The line that called the model in the failing step: the failing allocation's own when it ran
+    inside the forward; else (the OOM came in the loss, the backward or the optimizer) the call line
+    under which most of the live memory was allocated."""
+    oom = ev.oom_entry
+    call = _model_call(ev, oom.frames) if oom is not None and oom.frames else None
+    if call is not None or ev.snapshot is None or ev.oom_timeline is None:
+        return call
+    calls: dict[int, tuple[Any, Any, Any] | None] = {}  # by frames-list identity (stacks are shared)
+    under: dict[tuple[Any, Any, Any], int] = {}
+    for seg in ev.snapshot.segments:
+        if seg.device != ev.oom_timeline.device:
+            continue
+        for b in seg.blocks:
+            if b.allocated and b.frames:
+                key = id(b.frames)
+                if key not in calls:
+                    calls[key] = _model_call(ev, b.frames)
+                c = calls[key]
+                if c is not None:
+                    under[c] = under.get(c, 0) + b.requested_size
+    return max(under, key=lambda c: under[c]) if under else None
+
+
+def _first_forward(ev: Evidence, end: int) -> int | None:
+    """Trace index of the first allocation made under the line that called the model."""
+    tl = ev.oom_timeline
+    call = _call_line(ev)
+    if tl is None or call is None:
+        return None
+    seen: dict[int, bool] = {}
+    raw = tl.raw
+    for i in tl.alloc_indices:
+        if i > end:
+            break
+        frames = raw[i].get("frames")
+        if not frames:
+            continue
+        hit = seen.get(id(frames))
+        if hit is None:
+            hit = seen[id(frames)] = any(isinstance(f, dict) and _frame_key(f) == call for f in frames)
+        if hit:
+            return i
+    return None
+
+
+def _fixed_from_trace(ev: Evidence) -> int:
+    """Live memory before the failing step began: the lowest level since the first forward pass in
+    the trace (the end of a step, or the weights and the batch just before the first forward).
+
+    A trace that also recorded the model being loaded starts at nothing; the line that called the
+    model (from the stacks) tells where training began. Without stacks, the lowest level since the trace
+    began; without a trace, nothing is known to be fixed.
     """
     tl = ev.oom_timeline
     if tl is None or not tl.levels:
         return 0
     end = ev.oom_entry.index if ev.oom_entry is not None else len(tl.levels) - 1
-    # a step boundary: the last point where live memory was at its lowest since the trace began
-    lo = min(tl.levels[: end + 1]) + tl.start_allocated
-    return max(0, lo)
+    start = _first_forward(ev, end)
+    # from just before the first forward's first block; else from the trace's start
+    low = min(tl.levels[start - 1 : end + 1]) if start else min(0, min(tl.levels[: end + 1]))
+    return max(0, low + tl.start_allocated)
 
 
 def evaluate(ev: Evidence) -> Finding | None:
