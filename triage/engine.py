@@ -77,8 +77,10 @@ def decide(ev: Evidence, findings: list[Finding]) -> Diagnosis:
             d.actions.extend(a for a in f.actions[:1] if a not in d.actions)
         if not can_decide:
             d.missing.append("no OOM in this input: the snapshot was taken while the job was running")
+    sized = None
     if d.verdict in ("workload_too_large", "inconclusive"):
-        d.max_batch_size = next((f.max_batch_size for f in ranked if f.max_batch_size is not None), None)
+        sized = next((f for f in ranked if f.max_batch_size is not None), None)
+        d.max_batch_size = sized.max_batch_size if sized is not None else None
     for f in chosen:
         for fact in f.facts:
             d.evidence.append(EvidenceItem(f.rule, fact, _value(f)))
@@ -95,6 +97,14 @@ def decide(ev: Evidence, findings: list[Finding]) -> Diagnosis:
         d.evidence.append(EvidenceItem("evidence", note, None))
     d.headline = _headline(ev, d, top)
     d.details = _details(ev, ranked)
+    if sized is not None:
+        source = str(sized.values.get("source", ""))
+        d.details["max_batch_size"] = {
+            "value": sized.max_batch_size,
+            # the failing step had not reached its peak: the true maximum is lower
+            "bound": "upper" if "upper" in source else "estimate",
+            "source": source,
+        }
     return d
 
 

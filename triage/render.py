@@ -38,6 +38,17 @@ def spark_rows(values: list[int], width: int = 64, height: int = 6) -> list[str]
     return rows
 
 
+def max_batch_text(d: Diagnosis) -> str:
+    """The largest batch that fits, said as what it is: an estimate, or only a ceiling when the failing
+    step died before its peak."""
+    if d.max_batch_size is None:
+        return "unknown"
+    mb = d.details.get("max_batch_size") if isinstance(d.details, dict) else None
+    if isinstance(mb, dict) and mb.get("bound") == "upper":
+        return f"at most {d.max_batch_size} (the failing step died before its peak: likely fewer)"
+    return str(d.max_batch_size)
+
+
 def render_terminal(d: Diagnosis, ev: Evidence, console: Console, *, top: int = 8) -> None:
     from rich.panel import Panel
     from rich.table import Table
@@ -54,7 +65,7 @@ def render_terminal(d: Diagnosis, ev: Evidence, console: Console, *, top: int = 
         s = d.leak_site
         body.append(f"\nleak site: {s['filename']}:{s['line']} in {s['name']}", style="bold red")
     if d.max_batch_size is not None:
-        body.append(f"\nmax batch size: {d.max_batch_size}", style="bold")
+        body.append(f"\nmax batch size: {max_batch_text(d)}", style="bold")
     console.print(Panel(body, title=title, expand=False))
 
     s = d.summary
@@ -201,7 +212,7 @@ def render_html(d: Diagnosis, ev: Evidence, title: str) -> str:
 <body><h1>{e(title)}</h1>
 <p class="verdict"><b>{e(d.verdict)}</b> — owner {e(str(d.owner))}, confidence {d.confidence:.0%}</p>
 <p>{e(d.headline)}</p>{leak}
-<p>Candidates: {e(", ".join(d.candidates) or "none")}; max batch size: {e(str(d.max_batch_size))}</p>
+<p>Candidates: {e(", ".join(d.candidates) or "none")}; max batch size: {e(max_batch_text(d))}</p>
 <h2>Evidence</h2><table>{rows}</table>
 <h2>Actions</h2><ul>{actions}</ul>
 <h2>Accounting</h2><table>{summary}</table>

@@ -201,3 +201,25 @@ def test_without_stacks_the_trace_start_is_all_that_is_known() -> None:
     est, info = workload_too_large.estimate_max_batch(ev)
     assert info["fixed_bytes"] == 0
     assert est is not None and est < 32
+
+
+def test_the_diagnosis_says_whether_the_number_is_a_ceiling() -> None:
+    """A first-step OOM gives only a ceiling: the Diagnosis marks it and the report says "at most";
+    completed steps give an estimate, printed as the number."""
+    from triage.engine import diagnose
+    from triage.render import max_batch_text
+
+    snap = normalise(_first_step(_in_forward(11)), source="test", shared_frames=False)
+    d, _ = diagnose_snapshot(snap, batch_size=32)
+    assert d.max_batch_size is not None
+    assert d.details["max_batch_size"]["bound"] == "upper"
+    assert max_batch_text(d).startswith(f"at most {d.max_batch_size} ")
+
+    d = diagnose(_cache_then_ramp(True))
+    assert d.verdict == "workload_too_large" and d.max_batch_size == 15
+    assert d.details["max_batch_size"] == {
+        "value": 15,
+        "bound": "estimate",
+        "source": "10 completed steps (bounded buffer counted per sample)",
+    }
+    assert max_batch_text(d) == "15"
