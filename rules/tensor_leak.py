@@ -85,6 +85,37 @@ def _lead(ev: Evidence, f: Finding) -> None:
     )
 
 
+def _lead_by_growth(ev: Evidence, f: Finding) -> None:
+    """When the steps prove a leak and the trace reaches back too little to show a site's blocks crossing
+    steps: the one user site whose live blocks add up to what live memory grew by over the sampled steps
+    (0.8-1.5x: the leak also kept what it made before the first sample and in the failing step), most of
+    them older than the trace. The current step's activations are in the trace; weights and optimizer
+    state were there before the first sample, so they are not part of the growth."""
+    trend = ev.trend
+    if trend is None or trend.steps < 4:
+        return
+    grown = trend.end_bytes - trend.start_bytes
+    if grown <= 0:
+        return
+    matches = [
+        st
+        for st in ev.sites
+        if st.site.kind == "user"
+        and st.count >= 3
+        and 0.8 * grown <= st.bytes <= 1.5 * grown
+        and (not ev.has_trace or st.traced <= 0.5 * st.count)
+    ]
+    if len(matches) != 1:
+        return
+    st = matches[0]
+    f.leak_site = st.site.to_dict()
+    older = " (most of them from before the trace began)" if ev.has_trace else ""
+    f.facts.append(
+        f"{st.count} blocks, {human(st.bytes)}, allocated at {st.site.label} are alive{older}: as much as "
+        f"live memory grew over the {trend.steps} sampled steps ({human(grown)})."
+    )
+
+
 def evaluate(ev: Evidence) -> Finding | None:
     f = Finding(rule=ID, verdict=VERDICT, score=0.0)
     limit = ev.limit_bytes or 0
@@ -212,6 +243,8 @@ def evaluate(ev: Evidence) -> Finding | None:
                 "allocation stacks (record history with stacks='python') would name the leaking line"
             )
         _lead(ev, f)
+        if f.leak_site is None:
+            _lead_by_growth(ev, f)
     elif trend is not None and trend.steps >= 8 and trend.rising_fraction >= 0.9 and not trend.plateaued:
         # a small rise after every single step: live memory after a step is exact to the byte in a
         # healthy loop, so even a few KiB a step is something kept; the longer the run, the surer
@@ -225,6 +258,8 @@ def evaluate(ev: Evidence) -> Finding | None:
                 "allocation stacks (record history with stacks='python') would name the leaking line"
             )
         _lead(ev, f)
+        if f.leak_site is None:
+            _lead_by_growth(ev, f)
     elif trend_flat:
         return None
     else:

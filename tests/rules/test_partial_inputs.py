@@ -456,3 +456,44 @@ def test_a_leak_is_found_wherever_in_the_step_it_is_made(leak_first: bool) -> No
     site = next(s for s in ev.survivors if s.site.line == 40)
     assert site.cycles == 7, site
     assert d.leak_site is not None and d.leak_site["line"] == 40
+
+
+def _sites_after_growth(kept_traced: int) -> Evidence:
+    """Live memory grew 1 GiB a step over 40 sampled steps (40 GiB); the trace reaches back two steps.
+    Sites alive at the OOM: 42 blocks of 1 GiB from train.py:88 (``kept_traced`` of them in the trace),
+    12 activation blocks of 3.5 GiB from model.py:31 (all in the trace: this step's), weights."""
+    from types import SimpleNamespace
+
+    from triage.snapshot.frames import Site
+    from triage.snapshot.sites import SiteStats
+
+    samples = [
+        {"step": s, "allocated_bytes": 10 * GiB + s * GiB, "peak_allocated_bytes": 60 * GiB + s * GiB}
+        for s in range(41)
+    ]
+    sites = [
+        SiteStats(Site("/w/train.py", 88, "train_step"), bytes=42 * GiB, count=42, traced=kept_traced),
+        SiteStats(Site("/w/model.py", 31, "forward"), bytes=42 * GiB, count=12, traced=12),
+        SiteStats(Site("/w/train.py", 30, "main"), bytes=10 * GiB, count=200, traced=0),
+    ]
+    ev = cuda(trend=_trend(samples), steps=_step_samples(samples), step=41, sites=sites)
+    ev.timelines = [SimpleNamespace(entries=5000, device=0)]  # type: ignore[list-item]
+    return ev
+
+
+@pytest.mark.parametrize(("kept_traced", "named"), [(2, True), (30, False)])
+def test_a_leak_site_older_than_the_trace_is_named_by_the_growth(kept_traced: int, named: bool) -> None:
+    """The steps prove a leak; the trace is too short to show any site crossing steps. The one user site
+    whose live bytes match the growth (0.8-1.5x) with most blocks older than the trace is the lead; the
+    current step's activations match the bytes too but were all made in the trace. A kept site mostly
+    in the trace is the survivors' to judge (cycles between its blocks), not this lead's: none is named."""
+    from rules.base import Finding
+
+    ev = _sites_after_growth(kept_traced)
+    f = Finding(rule="tensor_leak", verdict="tensor_leak", score=0.9)
+    tensor_leak._lead_by_growth(ev, f)
+    if named:
+        assert f.leak_site == {"filename": "/w/train.py", "line": 88, "name": "train_step"}
+        assert any("as much as live memory grew over the 41 sampled steps" in s for s in f.facts)
+    else:
+        assert f.leak_site is None and not f.facts
