@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rules.base import LIKELY, STRONG, Finding
+from rules.base import CANDIDATE, LIKELY, STRONG, Finding
 from triage.units import human
 
 if TYPE_CHECKING:
@@ -23,19 +23,49 @@ VERDICT = "host_memory_limit"
 OWNER = "platform"
 
 
+# a SIGKILL or exit code 137 alone: the OOM killer sends it, and so do timeouts, probes and preemptions
+WEAK = frozenset({"host-sigkill", "host-exit-137"})
+LOW_USAGE = 0.5  # of the container's limit: far from where the OOM killer acts
+
+
 def evaluate(ev: Evidence) -> Finding | None:
     host_msgs = ev.host_kills
     f = Finding(rule=ID, verdict=VERDICT, score=0.0)
-    if ev.kind == "host_oom":
+    named = any(m.format not in WEAK for m in host_msgs)  # OOMKilled, the kernel's line, Killed, slurm
+    text_kinds = [m for m in ev.messages if m.kind == "host_oom"]
+    # the incident's kind says host OOM from a source that named it (the watcher's OOMKilled, a kernel
+    # line), not only from a SIGKILL in the text
+    weak_kind = (
+        bool(text_kinds) and all(m.format in WEAK for m in text_kinds) and ev.bundle.get("kind") != "host_oom"
+    )
+    if ev.kind == "host_oom" and not weak_kind:
         f.score = STRONG
-    elif host_msgs:
+    elif named:
         f.score = LIKELY + 0.05
-    elif ev.exit_code == 137:
+    elif host_msgs or ev.exit_code == 137 or ev.kind == "host_oom":
         f.score = LIKELY
     elif ev.oom_kill_count:
         f.score = LIKELY - 0.1
     else:
         return None
+    if f.score < STRONG and not named and not ev.oom_kill_count:
+        # only a SIGKILL says memory: anything that names another sender, or a cgroup that never killed
+        # and was far from its limit, leaves it a candidate
+        if ev.other_killer:
+            f.facts.append(f"Something else sends SIGKILL here: {ev.other_killer}")
+            f.score = min(f.score, CANDIDATE)
+        use, limit = ev.cgroup_usage_bytes, ev.cgroup_limit_bytes
+        if ev.oom_kill_count == 0 and use and limit and use < LOW_USAGE * limit:
+            f.facts.append(
+                f"The cgroup's oom_kill counter is 0 and usage was {human(use)} of {human(limit)}: the kernel "
+                "did not kill for memory here."
+            )
+            f.score = min(f.score, CANDIDATE)
+        if f.score <= CANDIDATE:
+            f.missing.append(
+                "what sent the SIGKILL: the pod's last state (OOMKilled or not), the kernel log (oom-kill), "
+                "the scheduler's reason (time limit, preemption, eviction)"
+            )
     if host_msgs:
         f.facts.append(f"The log ends with the kernel's kill: {host_msgs[-1].text.strip()[:160]}")
     if ev.exit_code == 137:

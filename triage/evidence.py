@@ -27,6 +27,14 @@ if TYPE_CHECKING:
     from triage.messages import OomMessage
 
 _RE_MIG_PROFILE = re.compile(r"\bMIG[ -]?(\d{1,2}g\.\d{1,3}gb(?:\+me)?)\b", re.IGNORECASE)
+# Senders of SIGKILL (exit code 137) other than the OOM killer: a time limit, a failed liveness probe, a
+# preemption. Kubernetes reports a memory kill as ``OOMKilled``; ``Reason: Error`` beside exit code 137 is
+# another sender.
+_RE_OTHER_KILLER = re.compile(
+    r"timeout: sending signal KILL|liveness probe failed|failed liveness probe|DUE TO TIME LIMIT"
+    r"|\bpreempt(?:ed|ion)\b|^\s*Reason:\s+Error\s*$",
+    re.IGNORECASE | re.MULTILINE,
+)
 TRACE_MIN_CYCLES = 4  # cycles of live memory in a trace before they are read as steps
 RECENT_BATCH_STEPS = 2  # a batch that grew this many completed steps before the OOM still explains it
 SMALL_POOL_MAX = 1 * MiB
@@ -315,6 +323,7 @@ class Evidence:
     cgroup_usage_bytes: int | None = None
     oom_kill_count: int | None = None
     exit_code: int | None = None
+    other_killer: str | None = None  # a line naming another sender of SIGKILL (timeout, liveness probe, …)
     contract_violations: list[Any] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -478,6 +487,12 @@ def build_evidence(
         if isinstance(t, str) and t
     ]
     if texts:
+        killers = [m for t in texts for m in _RE_OTHER_KILLER.finditer(t)]
+        if killers:
+            k = killers[-1]
+            line_start = k.string.rfind("\n", 0, k.start()) + 1
+            line_end = k.string.find("\n", k.end())
+            ev.other_killer = k.string[line_start : line_end if line_end >= 0 else None].strip()[:200]
         profiles = {p.lower() for t in texts for p in _RE_MIG_PROFILE.findall(t)}
         if len(profiles) == 1:  # several different slices listed (nvidia-smi -L of the node): not decided
             ev.log_mig_profile = profiles.pop()

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from rules import gpu_quota, tensor_leak, workload_too_large
+from rules import gpu_quota, host_memory_limit, tensor_leak, workload_too_large
 from rules.base import CANDIDATE
 from triage.engine import CONFIDENT as CONFIDENT_MIN
 from triage.evidence import Evidence, _step_samples, _trend, trace_cycles
@@ -497,3 +497,61 @@ def test_a_leak_site_older_than_the_trace_is_named_by_the_growth(kept_traced: in
         assert any("as much as live memory grew over the 41 sampled steps" in s for s in f.facts)
     else:
         assert f.leak_site is None and not f.facts
+
+
+TIMEOUT_LOG = """+ timeout --verbose -s KILL 4h python train.py
+2026-03-02 13:59:58 | INFO | step 9110 | loss 1.2190
+{killer}+ rc=137
++ echo 'training exited with code 137'
+training exited with code 137
+"""
+
+
+@pytest.mark.parametrize(
+    ("killer", "verdict"),
+    [("timeout: sending signal KILL to command 'python'\n", "inconclusive"), ("", "host_memory_limit")],
+)
+def test_a_sigkill_from_a_time_limit_is_not_a_host_oom(killer: str, verdict: str) -> None:
+    """Exit code 137 is any SIGKILL: GNU timeout's KILL exits 137 too. The line naming the sender leaves
+    the host limit a candidate; without it, 137 alone still points at the OOM killer."""
+    d, _ = diagnose_text(TIMEOUT_LOG.format(killer=killer))
+    assert d.verdict == verdict
+    assert "host_memory_limit" in [d.verdict, *d.candidates]
+
+
+K8S_DESCRIBE = """    Last State:     Terminated
+      Reason:       {reason}
+      Exit Code:    137
+Events:
+  Warning  Unhealthy  12m (x3 over 12m)  kubelet  Liveness probe failed: Get "http://10.42.3.88:8080/healthz": context deadline exceeded
+"""
+
+
+@pytest.mark.parametrize(
+    ("reason", "verdict"), [("Error", "inconclusive"), ("OOMKilled", "host_memory_limit")]
+)
+def test_kubernetes_says_oomkilled_when_memory_was_the_reason(reason: str, verdict: str) -> None:
+    d, _ = diagnose_text(K8S_DESCRIBE.format(reason=reason))
+    assert d.verdict == verdict, d.headline
+
+
+@pytest.mark.parametrize(
+    ("kills", "usage_gib", "candidate_only"),
+    [(0, 41, True), (0, 250, False), (None, 41, False), (1, 41, False)],
+)
+def test_a_cgroup_that_never_killed_and_was_far_from_its_limit(
+    kills: int | None, usage_gib: int, candidate_only: bool
+) -> None:
+    """A SIGKILL (exit 137) with the cgroup's oom_kill counter at 0 and usage far below the limit: the
+    kernel did not kill for memory. Near the limit, with the counter unknown, or with a kill counted, the
+    exit code keeps its weight."""
+    ev = Evidence(
+        kind="crash",
+        exit_code=137,
+        cgroup_limit_bytes=256 * GiB,
+        cgroup_usage_bytes=usage_gib * GiB,
+        oom_kill_count=kills,
+    )
+    f = host_memory_limit.evaluate(ev)
+    assert f is not None
+    assert (f.score <= CANDIDATE) is candidate_only
