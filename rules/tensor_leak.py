@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rules.base import CANDIDATE, LEAD, LIKELY, STRONG, Finding
+from triage.evidence import trace_cycles
 from triage.units import GiB, MiB, human
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ MIN_CYCLES = 3  # survivors from at least four different steps
 MIN_CYCLE_FRACTION = 0.2  # several survivors per step are fine (three metrics kept per step)
 MINOR_SHARE = 0.05  # survivors below this share of the job's memory, and not decisive, did not cause the OOM
 MANY_CYCLES = 5  # survivors from six different steps are a leak however many each step kept
+STOPPED_STEPS = 4  # steps without a new survivor (and 3x the site's own pace) before it counts as stopped
 MAX_FREED_FRACTION = 0.25  # more of the site's trace allocations freed than this: a bounded cache
 MIN_RISING_FRACTION = 0.7
 MIN_GROWTH_FRACTION = 0.05  # of the device limit
@@ -83,6 +85,25 @@ def _lead(ev: Evidence, f: Finding) -> None:
         f"The trace covers {lead.cycles + 1} steps; every block allocated at {lead.site.label} in them "
         f"is still alive ({lead.stats.count} blocks, {human(lead.stats.bytes)})."
     )
+
+
+def _steps_since_last(ev: Evidence, leak: Survivors) -> int:
+    """Steps the trace shows after the site's last survivor, when they are far more than the steps
+    between its survivors (0 otherwise): the site filled and stopped, like a cache of one entry per
+    shape or optimizer state created when a parameter first gets a gradient. A leak keeps adding at its
+    own pace until the OOM."""
+    tl = ev.oom_timeline
+    idx = leak.stats.alloc_indices
+    if tl is None or len(idx) < 2 or tl.device not in leak.stats.devices:
+        return 0
+    end = ev.oom_entry.index if ev.oom_entry is not None else len(tl.levels) - 1
+    first, last = idx[0], idx[-1]
+    if last >= end:
+        return 0
+    after = len(trace_cycles(tl.levels[last : end + 1], min_cycles=1))
+    span = len(trace_cycles(tl.levels[first : last + 1], min_cycles=1))
+    pace = max(1.0, span / max(1, leak.cycles))  # steps between two survivors
+    return after if after >= max(STOPPED_STEPS, 3 * pace) else 0
 
 
 def _lead_by_growth(ev: Evidence, f: Finding) -> None:
@@ -201,6 +222,15 @@ def evaluate(ev: Evidence) -> Finding | None:
         if trend_growing or (steady and f.score >= STRONG):
             f.score = 0.95
         elif trend_flat and not steady:
+            f.score = min(f.score, 0.4)
+        elif trend is None and (quiet := _steps_since_last(ev, leak)):
+            f.facts.append(
+                f"Then the trace shows {quiet} more steps without a new one: the site filled up and stopped "
+                "(a cache of one entry per shape, state created on first use), not a leak."
+            )
+            f.missing.append(
+                "live memory per step (the collector's step samples): a filled cache levels off, a leak does not"
+            )
             f.score = min(f.score, 0.4)
         elif trend is None and not decisive and _minor(ev, kept := _kept_across_steps(ev)):
             # without the steps, only the blocks show the leak: if everything that outlived its step could

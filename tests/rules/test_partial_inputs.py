@@ -390,9 +390,10 @@ def test_a_small_leak_beside_an_oom_it_did_not_cause(kept: int, with_steps: bool
 
 
 # ---------------------------------------------------------------- a leak made at the top of the loop
-def _loop_trace(steps: int, leak_first: bool) -> dict[str, Any]:
+def _loop_trace(steps: int, leak_first: bool, keep_steps: int | None = None) -> dict[str, Any]:
     """A raw snapshot whose trace is ``steps`` training steps; each keeps one 8 MiB tensor from user code,
-    made at the top of the loop (the step's low point) or in the middle of the forward."""
+    made at the top of the loop (the step's low point) or in the middle of the forward (only the first
+    ``keep_steps`` steps do, when given: a cache that filled)."""
     user = [{"filename": "/w/train.py", "line": 40, "name": "train_step"}]
     act = [{"filename": "/w/model.py", "line": 12, "name": "forward"}]
     trace: list[dict[str, Any]] = []
@@ -405,11 +406,12 @@ def _loop_trace(steps: int, leak_first: bool) -> dict[str, Any]:
         trace.append({"action": "alloc", "addr": addr, "size": size, "stream": 0, "frames": frames})
         return addr
 
-    for _ in range(steps):
-        if leak_first:
+    for k in range(steps):
+        keep = keep_steps is None or k < keep_steps
+        if leak_first and keep:
             kept.append(alloc(8 << 20, user))
         acts = [alloc(256 << 20, act) for _ in range(4)]
-        if not leak_first:
+        if not leak_first and keep:
             kept.append(alloc(8 << 20, user))
         for a in reversed(acts):
             trace.append(
@@ -555,3 +557,17 @@ def test_a_cgroup_that_never_killed_and_was_far_from_its_limit(
     f = host_memory_limit.evaluate(ev)
     assert f is not None
     assert (f.score <= CANDIDATE) is candidate_only
+
+
+@pytest.mark.parametrize(("keep_steps", "stopped"), [(6, True), (None, False), (14, False)])
+def test_a_site_that_filled_and_stopped_is_not_a_leak(keep_steps: int | None, stopped: bool) -> None:
+    """16 steps in the trace. Kept in the first 6 steps only, then 10 steps without a new one: filled
+    and stopped (a cache per shape, lazily created optimizer state), the leak is not the verdict. Kept in
+    every step, or until two steps before the OOM: a leak."""
+    snap = normalise(_loop_trace(16, False, keep_steps), source="test", shared_frames=False)
+    d, ev = diagnose_snapshot(snap)
+    f = tensor_leak.evaluate(ev)
+    assert f is not None
+    assert any("more steps without a new one" in s for s in f.facts) is stopped
+    assert (f.score <= 0.4) is stopped
+    assert (d.verdict == "tensor_leak") is not stopped
