@@ -701,13 +701,17 @@ def _processes(ev: Evidence) -> None:
     if pid is not None:
         ev.own_pids.add(pid)
     nvml = _get(b, "device", "processes")
+    unknown: list[Process] = []  # NVML reports N/A (pynvml: None) for some processes' usage
     if isinstance(nvml, list) and nvml:
         for p in nvml:
             if not isinstance(p, dict):
                 continue
             ppid = _int(p.get("pid"))
-            used = _int(p.get("used_bytes")) or 0
-            ev.processes.append(Process(ppid, used, ppid in ev.own_pids, "nvml", str(p.get("name") or "")))
+            used = _int(p.get("used_bytes"))
+            proc = Process(ppid, used or 0, ppid in ev.own_pids, "nvml", str(p.get("name") or ""))
+            ev.processes.append(proc)
+            if used is None:
+                unknown.append(proc)
     elif m is not None and m.processes:
         for pu in m.processes:
             own = pu.this_process or (pu.pid is not None and pu.pid in ev.own_pids)
@@ -729,9 +733,31 @@ def _processes(ev: Evidence) -> None:
                 f"Process {me.pid} was taken to be the job itself: its {human(me.used_bytes)} match the job's "
                 f"{human(ev.reserved_bytes)} reservation plus its CUDA context."
             )
-    ev.other_process_bytes = sum(p.used_bytes for p in ev.processes if not p.own)
     if ev.total_bytes is not None and ev.device_free_bytes is not None and ev.reserved_bytes is not None:
         ev.non_pytorch_bytes = max(0, ev.total_bytes - ev.device_free_bytes - ev.reserved_bytes)
+    _unreported_usage(ev, [p for p in unknown if not p.own])
+    ev.other_process_bytes = sum(p.used_bytes for p in ev.processes if not p.own)
+
+
+def _unreported_usage(ev: Evidence, unknown: list[Process]) -> None:
+    """Other processes whose usage NVML could not report: the device memory nobody else accounts for
+    (outside this job's reservation and its own CUDA context, beyond what the other listed processes
+    hold) is theirs, shared equally."""
+    if not unknown or ev.non_pytorch_bytes is None or ev.reserved_bytes is None:
+        return
+    own = [p for p in ev.processes if p.own and p.used_bytes]
+    ctx = min(CUDA_CONTEXT_MAX, max(0, own[0].used_bytes - ev.reserved_bytes)) if own else CUDA_CONTEXT_MAX
+    known = sum(p.used_bytes for p in ev.processes if not p.own)
+    rest = ev.non_pytorch_bytes - ctx - known
+    if rest <= CUDA_CONTEXT_MAX:
+        return
+    for p in unknown:
+        p.used_bytes = rest // len(unknown)
+    pids = ", ".join(str(p.pid) for p in unknown)
+    ev.notes.append(
+        f"NVML could not report the usage of process {pids} (N/A): the {human(rest)} of the device that "
+        "nothing else accounts for is taken to be theirs."
+    )
 
 
 def _workload(ev: Evidence, batch_size: int | None) -> None:

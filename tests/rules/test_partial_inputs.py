@@ -571,3 +571,30 @@ def test_a_site_that_filled_and_stopped_is_not_a_leak(keep_steps: int | None, st
     assert any("more steps without a new one" in s for s in f.facts) is stopped
     assert (f.score <= 0.4) is stopped
     assert (d.verdict == "tensor_leak") is not stopped
+
+
+@pytest.mark.parametrize(("free_gib", "theirs_gib"), [(1, 19), (19.5, 0)])
+def test_a_neighbour_whose_usage_nvml_could_not_report(free_gib: float, theirs_gib: int) -> None:
+    """NVML reports N/A (pynvml: None) for some processes' usage. The device memory that neither the
+    job's reservation, its own context nor any listed process accounts for is the unreported
+    neighbour's; when nothing is left over, it holds nothing that matters."""
+    from triage.evidence import build_evidence
+
+    total, reserved = 80 * GiB, 59 * GiB
+    bundle = {
+        "kind": "cuda_oom",
+        "workload": {"pid": 57, "pids": [57]},
+        "device": {
+            "total_bytes": total,
+            "free_bytes": int(free_gib * GiB),
+            "processes": [
+                {"pid": 57, "used_bytes": reserved + 512 * MiB},
+                {"pid": 90210, "used_bytes": None},
+            ],
+        },
+        "allocator": {"memory_stats": {"reserved_bytes.all.current": reserved}},
+    }
+    ev = build_evidence(None, None, bundle)
+    assert ev.reserved_bytes == reserved
+    assert abs(ev.other_process_bytes - theirs_gib * GiB) <= 512 * MiB
+    assert any("could not report" in n for n in ev.notes) is (theirs_gib > 0)
