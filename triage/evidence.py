@@ -526,6 +526,14 @@ def _pick_message(ev: Evidence) -> None:
     pool = cuda or ev.messages
     if not pool:
         return
+    last_cuda = max((m.line_no for m in cuda if m.line_no is not None), default=None)
+    if last_cuda is not None:
+        # a /dev/shm failure after the last CUDA OOM is what ended the job: that OOM was caught (an
+        # evaluation loop that skips a batch, a batch-size finder) and training went on
+        later = [m for m in ev.messages if m.kind == "shm_exhausted" and (m.line_no or 0) > last_cuda]
+        if later:
+            ev.message = later[-1]
+            return
     if rank is not None:
         mine = [m for m in pool if m.rank == rank]
         if mine:

@@ -598,3 +598,20 @@ def test_a_neighbour_whose_usage_nvml_could_not_report(free_gib: float, theirs_g
     assert ev.reserved_bytes == reserved
     assert abs(ev.other_process_bytes - theirs_gib * GiB) <= 512 * MiB
     assert any("could not report" in n for n in ev.notes) is (theirs_gib > 0)
+
+
+CAUGHT_THEN_SHM = """2026-03-02 09:00:10 | WARNING | eval: caught torch.OutOfMemoryError on batch 17, skipping: CUDA out of memory. Tried to allocate 5.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which 4.19 GiB is free. Including non-PyTorch memory, this process has 74.90 GiB memory in use. Of the allocated memory 70.00 GiB is allocated by PyTorch, and 4.20 GiB is reserved by PyTorch but unallocated.
+2026-03-02 09:30:44 | INFO | step 3100 | loss 1.50
+ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory (shm).
+RuntimeError: DataLoader worker (pid 2417) is killed by signal: Bus error. It is possible that dataloader's workers are out of shared memory. Please try to raise your shared memory limit.
+"""
+
+
+@pytest.mark.parametrize("shm_last", [True, False])
+def test_a_shm_failure_after_a_caught_cuda_oom_is_what_ended_the_job(shm_last: bool) -> None:
+    """The last failure is the fatal one: a /dev/shm bus error after a CUDA OOM that an evaluation loop
+    caught and skipped. The other way round (the bus error first, the CUDA OOM last), the CUDA OOM is."""
+    lines = CAUGHT_THEN_SHM.splitlines(keepends=True)
+    text = CAUGHT_THEN_SHM if shm_last else "".join(lines[1:] + lines[:1])
+    _, ev = diagnose_text(text)
+    assert ev.kind == ("shm_exhausted" if shm_last else "cuda_oom")
