@@ -67,7 +67,8 @@ def evaluate(ev: Evidence) -> Finding | None:
                 "the scheduler's reason (time limit, preemption, eviction)"
             )
     if host_msgs:
-        f.facts.append(f"The log ends with the kernel's kill: {host_msgs[-1].text.strip()[:160]}")
+        what = "the kernel's kill" if named else "a SIGKILL"
+        f.facts.append(f"The log ends with {what}: {host_msgs[-1].text.strip()[:160]}")
     if ev.exit_code == 137:
         f.facts.append("Exit code 137: the process was killed with SIGKILL.")
     if ev.cgroup_limit_bytes:
