@@ -33,6 +33,7 @@ from triage.units import GiB, MiB, human
 
 if TYPE_CHECKING:
     from triage.evidence import Evidence, Survivors
+    from triage.snapshot.sites import SiteStats
 
 ID = "tensor_leak"
 VERDICT = "tensor_leak"
@@ -48,9 +49,18 @@ MIN_RISING_FRACTION = 0.7
 MIN_GROWTH_FRACTION = 0.05  # of the device limit
 
 
+def _elsewhere(ev: Evidence, st: SiteStats) -> bool:
+    """The site's blocks are on another device than the one that ran out: each GPU is its own memory,
+    so what they hold could not have made room for this request."""
+    tl = ev.oom_timeline
+    return tl is not None and ev.oom_entry is not None and tl.device not in st.devices
+
+
 def _leaky_site(ev: Evidence, min_cycles: int = MIN_CYCLES) -> Survivors | None:
     best = None
     for s in ev.survivors:
+        if _elsewhere(ev, s.stats):
+            continue
         if s.cycles < min_cycles or (s.cycle_fraction < MIN_CYCLE_FRACTION and s.cycles < MANY_CYCLES):
             continue
         if s.evicted_like_a_cache:
@@ -63,7 +73,11 @@ def _leaky_site(ev: Evidence, min_cycles: int = MIN_CYCLES) -> Survivors | None:
 def _kept_across_steps(ev: Evidence) -> int:
     """Bytes of every site's blocks that outlived the step that made them (a kept loss also keeps its
     graph: the activations show up as survivors of their own sites)."""
-    return sum(s.stats.bytes for s in ev.survivors if s.cycles >= 1 and not s.evicted_like_a_cache)
+    return sum(
+        s.stats.bytes
+        for s in ev.survivors
+        if s.cycles >= 1 and not s.evicted_like_a_cache and not _elsewhere(ev, s.stats)
+    )
 
 
 def _minor(ev: Evidence, kept: int) -> bool:
@@ -106,6 +120,44 @@ def _steps_since_last(ev: Evidence, leak: Survivors) -> int:
     return after if after >= max(STOPPED_STEPS, 3 * pace) else 0
 
 
+def _turned_over(ev: Evidence, leak: Survivors) -> tuple[int, int, int] | None:
+    """(live blocks, allocations made since, most held at once) when the site's count of live blocks
+    reached what it holds
+    now early and the site then went on allocating at least as many blocks again, freeing as many, never
+    holding more than one extra: a cache that evicts (least recently used, one entry per key) turning
+    over, not a leak. A leak's count keeps rising to the end."""
+    tl = ev.oom_timeline
+    st = leak.stats
+    if tl is None or tl.device not in st.devices or st.traced < st.count or leak.freed_at_site < st.count:
+        return None  # every live block must be in the trace, and the site must have turned over once
+    site = leak.site
+    mine: dict[int, bool] = {}
+    live: set[int] = set()
+    counts: list[int] = []  # live blocks of the site after each of its allocations
+    for e in tl.raw:
+        action = e.get("action")
+        if action == "alloc":
+            frames = e.get("frames")
+            if not frames:
+                continue
+            hit = mine.get(id(frames))
+            if hit is None:
+                hit = mine[id(frames)] = ev.classifier.site(frames) == site
+            if hit:
+                live.add(e.get("addr", 0))
+                counts.append(len(live))
+        elif action == "free_requested" and e.get("addr") in live:
+            live.discard(e.get("addr", 0))
+    final = st.count
+    if len(counts) < 2 * final or max(counts) > final + 1:
+        return None
+    reached = next((i for i, c in enumerate(counts) if c >= final), None)
+    if reached is None:
+        return None
+    since = len(counts) - 1 - reached
+    return (final, since, max(counts)) if since >= final else None
+
+
 def _lead_by_growth(ev: Evidence, f: Finding) -> None:
     """When the steps prove a leak and the trace reaches back too little to show a site's blocks crossing
     steps: the one user site whose live blocks add up to what live memory grew by over the sampled steps
@@ -122,6 +174,7 @@ def _lead_by_growth(ev: Evidence, f: Finding) -> None:
         st
         for st in ev.sites
         if st.site.kind == "user"
+        and not _elsewhere(ev, st)
         and st.count >= 3
         and 0.8 * grown <= st.bytes <= 1.5 * grown
         and (not ev.has_trace or st.traced <= 0.5 * st.count)
@@ -222,6 +275,15 @@ def evaluate(ev: Evidence) -> Finding | None:
         if trend_growing or (steady and f.score >= STRONG):
             f.score = 0.95
         elif trend_flat and not steady:
+            f.score = min(f.score, 0.4)
+        elif trend is None and (churn := _turned_over(ev, leak)):
+            f.facts.append(
+                f"But the site never held more than {churn[2]} blocks at once: it reached {churn[0]} early and "
+                f"then made {churn[1]} more, freeing as many — a cache that evicts, not a leak."
+            )
+            f.missing.append(
+                "live memory per step (the collector's step samples): a cache levels off, a leak does not"
+            )
             f.score = min(f.score, 0.4)
         elif trend is None and (quiet := _steps_since_last(ev, leak)):
             f.facts.append(

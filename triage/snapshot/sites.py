@@ -64,10 +64,11 @@ def live_sites(
     timelines: list[DeviceTimeline],
     classifier: FrameClassifier | None = None,
 ) -> list[SiteStats]:
-    """Every allocation site with live (``active_allocated``) memory, largest first."""
+    """Every allocation site with live (``active_allocated``) memory, largest first: one entry per site
+    and device (each device is its own memory, and its trace its own sequence of entry indices)."""
     cls = classifier or FrameClassifier()
     by_dev = {t.device: t for t in timelines}
-    stats: dict[Site, SiteStats] = {}
+    stats: dict[tuple[Site, int], SiteStats] = {}
     for seg in snapshot.segments:
         tl = by_dev.get(seg.device)
         live_idx = tl.live_alloc_index if tl is not None else {}
@@ -81,9 +82,9 @@ def live_sites(
             if not frames and entry is not None:
                 frames = entry.get("frames") or []
             site = cls.site(frames) if frames else UNKNOWN_SITE
-            st = stats.get(site)
+            st = stats.get((site, seg.device))
             if st is None:
-                st = stats[site] = SiteStats(site=site, stack=frames)
+                st = stats[(site, seg.device)] = SiteStats(site=site, stack=frames)
                 st.trace_entries = tl.entries if tl is not None else 0
             st.bytes += b.size
             st.requested_bytes += b.requested_size
@@ -106,9 +107,9 @@ def live_sites(
     for tl in timelines:
         for key, count in tl.alloc_count_by_stack.items():
             site = cls.site(tl.stacks[key])
-            st = stats.get(site)
+            st = stats.get((site, tl.device))
             if st is not None:
                 st.allocs_in_trace += count
     for st in stats.values():
         st.alloc_indices.sort()
-    return sorted(stats.values(), key=lambda s: (-s.bytes, s.site.label))
+    return sorted(stats.values(), key=lambda s: (-s.bytes, s.site.label, min(s.devices)))
