@@ -35,6 +35,16 @@ _RE_OTHER_KILLER = re.compile(
     r"|\bpreempt(?:ed|ion)\b|^\s*Reason:\s+Error\s*$",
     re.IGNORECASE | re.MULTILINE,
 )
+# The job's own worker processes, as its launcher prints them: torchrun's teardown and failure summary,
+# DeepSpeed's launcher, Ray Train's worker list and log prefixes.
+_RE_LAUNCHER_PID = re.compile(
+    r"Sending process (\d+) closing signal"
+    r"|\(pid: (\d+)\)"
+    r"|process (\d+) spawned with command"
+    r"|Killing subprocess (\d+)"
+    r"|\((?:RayTrainWorker|TorchTrainer|_RayTrainWorker\w*) pid=(\d+)"
+    r"|pid=(\d+)\) world_rank="
+)
 TRACE_MIN_CYCLES = 4  # cycles of live memory in a trace before they are read as steps
 RECENT_BATCH_STEPS = 2  # a batch that grew this many completed steps before the OOM still explains it
 SMALL_POOL_MAX = 1 * MiB
@@ -324,6 +334,7 @@ class Evidence:
     oom_kill_count: int | None = None
     exit_code: int | None = None
     other_killer: str | None = None  # a line naming another sender of SIGKILL (timeout, liveness probe, …)
+    launcher_pids: set[int] = field(default_factory=set)  # the job's workers, from its launcher's lines
     contract_violations: list[Any] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -487,6 +498,9 @@ def build_evidence(
         if isinstance(t, str) and t
     ]
     if texts:
+        ev.launcher_pids = {
+            int(g) for t in texts for m in _RE_LAUNCHER_PID.finditer(t) for g in m.groups() if g is not None
+        }
         killers = [m for t in texts for m in _RE_OTHER_KILLER.finditer(t)]
         if killers:
             k = killers[-1]
@@ -723,6 +737,14 @@ def _processes(ev: Evidence) -> None:
     elif m is not None and m.processes:
         for pu in m.processes:
             own = pu.this_process or (pu.pid is not None and pu.pid in ev.own_pids)
+            if not own and pu.pid is not None and pu.pid in ev.launcher_pids:
+                # another rank of this job on the same GPU: not a neighbour, the job's own placement
+                own = True
+                ev.notes.append(
+                    f"Process {pu.pid} ({human(pu.used_bytes)} on this GPU) is one of the job's own workers (its "
+                    "launcher started it): two of its ranks share the GPU. Set each rank's device from "
+                    "LOCAL_RANK (torch.cuda.set_device), or give each worker a whole GPU."
+                )
             ev.processes.append(Process(pu.pid, pu.used_bytes, own, "message"))
     ev.own_process_identified = any(p.own for p in ev.processes)
     if ev.processes and not ev.own_process_identified and ev.reserved_bytes is not None:

@@ -615,3 +615,19 @@ def test_a_shm_failure_after_a_caught_cuda_oom_is_what_ended_the_job(shm_last: b
     text = CAUGHT_THEN_SHM if shm_last else "".join(lines[1:] + lines[:1])
     _, ev = diagnose_text(text)
     assert ev.kind == ("shm_exhausted" if shm_last else "cuda_oom")
+
+
+TWO_RANKS_ONE_GPU = """[rank0]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which 520.01 MiB is free. Including non-PyTorch memory, this process has 39.29 GiB memory in use. Process 5102 has 39.30 GiB memory in use. Of the allocated memory 38.40 GiB is allocated by PyTorch, and 380.00 MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)
+W0302 10:14:08.901000 140231 torch/distributed/elastic/multiprocessing/api.py:897] Sending process {pid} closing signal SIGTERM
+E0302 10:14:09.512000 140231 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: 1) local_rank: 0 (pid: 5101) of binary: /usr/bin/python3
+"""
+
+
+@pytest.mark.parametrize(("launched", "verdict"), [(5102, "inconclusive"), (5107, "other_process")])
+def test_a_process_the_launcher_started_is_the_job_not_a_neighbour(launched: int, verdict: str) -> None:
+    """torchrun names the job's workers (``Sending process N closing signal``, ``(pid: N)``): when the
+    process beside the failing rank is one of them, two of the job's ranks share the GPU (the device was
+    not set from LOCAL_RANK), which is not a neighbour to page the platform for."""
+    d, ev = diagnose_text(TWO_RANKS_ONE_GPU.format(pid=launched))
+    assert d.verdict == verdict
+    assert any("one of the job's own workers" in n for n in ev.notes) is (verdict == "inconclusive")
