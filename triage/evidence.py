@@ -45,6 +45,8 @@ _RE_LAUNCHER_PID = re.compile(
     r"|\((?:RayTrainWorker|TorchTrainer|_RayTrainWorker\w*) pid=(\d+)"
     r"|pid=(\d+)\) world_rank="
 )
+# torchrun's error summary names the first rank that failed: the others may have failed because of it
+_RE_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):(?:\n[^\n]*){0,4}?\n\s*rank\s*:\s*(\d+)")
 TRACE_MIN_CYCLES = 4  # cycles of live memory in a trace before they are read as steps
 RECENT_BATCH_STEPS = 2  # a batch that grew this many completed steps before the OOM still explains it
 SMALL_POOL_MAX = 1 * MiB
@@ -335,6 +337,7 @@ class Evidence:
     exit_code: int | None = None
     other_killer: str | None = None  # a line naming another sender of SIGKILL (timeout, liveness probe, …)
     launcher_pids: set[int] = field(default_factory=set)  # the job's workers, from its launcher's lines
+    root_rank: int | None = None  # torchrun's "Root Cause (first observed failure)" rank
     contract_violations: list[Any] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -501,6 +504,9 @@ def build_evidence(
         ev.launcher_pids = {
             int(g) for t in texts for m in _RE_LAUNCHER_PID.finditer(t) for g in m.groups() if g is not None
         }
+        roots = [int(m.group(1)) for t in texts for m in _RE_ROOT_CAUSE.finditer(t)]
+        if roots:
+            ev.root_rank = roots[-1]
         killers = [m for t in texts for m in _RE_OTHER_KILLER.finditer(t)]
         if killers:
             k = killers[-1]
@@ -535,7 +541,10 @@ def build_evidence(
 
 
 def _pick_message(ev: Evidence) -> None:
+    # the collector's own rank; for a log alone, the rank torchrun names as the first failure
     rank = _int(_get(ev.bundle, "workload", "rank"))
+    if rank is None:
+        rank = ev.root_rank
     cuda = [m for m in ev.messages if m.kind == "cuda_oom"]
     pool = cuda or ev.messages
     if not pool:

@@ -631,3 +631,24 @@ def test_a_process_the_launcher_started_is_the_job_not_a_neighbour(launched: int
     d, ev = diagnose_text(TWO_RANKS_ONE_GPU.format(pid=launched))
     assert d.verdict == verdict
     assert any("one of the job's own workers" in n for n in ev.notes) is (verdict == "inconclusive")
+
+
+TWO_RANKS_FAILED = """[rank2]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which 422.81 MiB is free. Including non-PyTorch memory, this process has 78.68 GiB memory in use. Of the allocated memory 76.88 GiB is allocated by PyTorch, and 1.22 GiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.
+[rank5]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which 346.81 MiB is free. Including non-PyTorch memory, this process has 57.88 GiB memory in use. Process 77120 has 20.88 GiB memory in use. Of the allocated memory 56.10 GiB is allocated by PyTorch, and 1.20 GiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-03-04_10:12:01
+  host      : node-17
+  rank      : {root} (local_rank: {root})
+  exitcode  : 1 (pid: 6102)
+"""
+
+
+@pytest.mark.parametrize(("root", "verdict"), [(2, "inconclusive"), (5, "other_process")])
+def test_the_first_rank_to_fail_is_the_one_diagnosed(root: int, verdict: str) -> None:
+    """Two ranks ran out. torchrun's summary names the first failure: rank 2 had the GPU to itself (a
+    leak or a too-large step, the message cannot tell), so a neighbour beside rank 5 is not why the job
+    died; named rank 5, the neighbour is."""
+    d, ev = diagnose_text(TWO_RANKS_FAILED.format(root=root))
+    assert ev.root_rank == root and ev.message is not None and ev.message.rank == root
+    assert d.verdict == verdict
