@@ -31,6 +31,7 @@ VERDICT = "fragmentation"
 OWNER = "algorithm"
 
 UNLIKE_EARLIER = 1.25  # a step that wants this much more than the earlier steps' peak is a new demand
+BEYOND_EARLIER = 1.05  # ... or this much more, when that is beyond the whole range the earlier peaks spanned
 MIN_WASTE_FRACTION = 0.05  # reserved-but-unallocated must be at least this share of what the job may hold
 
 
@@ -113,15 +114,26 @@ def evaluate(ev: Evidence) -> Finding | None:
             f"The device still had {human(free)} free, enough for a new segment: a cap refused it, not the layout."
         )
         f.score = min(f.score, CANDIDATE)
-    before = ev.earlier_peak_bytes
+    peaks = ev.earlier_peaks
     needed = ev.needed_bytes
-    if before is not None and needed is not None and needed > UNLIKE_EARLIER * before:
-        # the layout is proved guilty only for a demand the job had met before
-        f.facts.append(
-            f"At the OOM this step already wanted {human(needed)}, far more than the {human(before)} the earlier "
-            "steps peaked at: whether the step fits at all, packed or not, is not known."
-        )
-        f.score = min(f.score, LEAD)
+    if peaks and needed is not None:
+        before, spread = max(peaks), max(peaks) - min(peaks)
+        # the layout is proved guilty only for a demand the job had met before: far above the earlier
+        # peaks, or above them by more than the earlier steps ever varied (a longer batch after steps of
+        # one size) — the step is new, and whether it fits at all, packed or not, is not known
+        if needed > UNLIKE_EARLIER * before:
+            f.facts.append(
+                f"At the OOM this step already wanted {human(needed)}, far more than the {human(before)} the "
+                "earlier steps peaked at: whether the step fits at all, packed or not, is not known."
+            )
+            f.score = min(f.score, LEAD)
+        elif needed > BEYOND_EARLIER * before and needed - before > spread:
+            f.facts.append(
+                f"At the OOM this step already wanted {human(needed)}: {human(needed - before)} more than the "
+                f"{len(peaks)} earlier steps ever peaked at ({human(min(peaks))}–{human(before)}), and it had not "
+                "finished: a step unlike the earlier ones, which may not fit at all, packed or not."
+            )
+            f.score = min(f.score, LEAD)
     if trend is None and len(ev.steps) < 2 and ev.has_snapshot and ev.trace_steps < 2 * TRACE_MIN_CYCLES:
         # a leak leaves holes too (its survivors pin segments the step's temporaries were split from)
         f.facts.append(

@@ -379,18 +379,21 @@ class Evidence:
         return [(low + base, top + base) for low, top in trace_cycles(tl.levels, min_cycles=1)]
 
     @property
-    def earlier_peak_bytes(self) -> int | None:
-        """The highest live memory of the completed steps: the collector's samples, else the cycles of the
-        trace (the first, and the failing one, left out). None for fewer than TRACE_MIN_CYCLES steps: too
+    def earlier_peaks(self) -> list[int]:
+        """The peak live memory of each completed step: the collector's samples, else the cycles of the
+        trace (the first, and the failing one, left out). Empty for fewer than TRACE_MIN_CYCLES steps: too
         few to say what the job's steps demand."""
         if self.steps:
-            if len(self.steps) < TRACE_MIN_CYCLES:
-                return None
-            return max(s.peak_allocated_bytes for s in self.steps)
-        cycles = self._oom_trace_cycles[1:-1]
-        if len(cycles) < TRACE_MIN_CYCLES:
-            return None
-        return max(top for _, top in cycles)
+            peaks = [s.peak_allocated_bytes for s in self.steps]
+        else:
+            peaks = [top for _, top in self._oom_trace_cycles[1:-1]]
+        return peaks if len(peaks) >= TRACE_MIN_CYCLES else []
+
+    @property
+    def earlier_peak_bytes(self) -> int | None:
+        """The highest of ``earlier_peaks``; None when there are too few."""
+        peaks = self.earlier_peaks
+        return max(peaks) if peaks else None
 
     @property
     def trace_steps(self) -> int:

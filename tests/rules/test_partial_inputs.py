@@ -652,3 +652,35 @@ def test_the_first_rank_to_fail_is_the_one_diagnosed(root: int, verdict: str) ->
     d, ev = diagnose_text(TWO_RANKS_FAILED.format(root=root))
     assert ev.root_rank == root and ev.message is not None and ev.message.rank == root
     assert d.verdict == verdict
+
+
+@pytest.mark.parametrize(
+    ("peaks_gib", "capped"),
+    [
+        ([60] * 8, True),  # 64.5 GiB after eight steps of exactly 60: 7.5% above, beyond a range of 0
+        ([50, 62, 55, 58, 61, 52, 60, 56], False),  # 4% above the top of steps that varied by 12 GiB
+        ([52, 60, 48, 59, 53, 60, 50, 57], False),  # 7.5% above, within the 12 GiB the steps varied by
+        ([63] * 8, False),  # 2.4% above: within what one step's rounding moves
+    ],
+)
+def test_a_step_beyond_every_earlier_one_is_not_convicted_on_holes(
+    peaks_gib: list[int], capped: bool
+) -> None:
+    """Holes convict only for a demand met before. A step that already wants more than the earlier
+    steps ever peaked at, by more than they ever varied (a longer batch after steps of one size), and
+    has not finished, may not fit at all, packed or not; variable-length steps whose failing one is
+    within their usual spread are still the layout's fault."""
+    from rules import fragmentation
+    from tests.rules.test_thresholds import _frag
+
+    ev = _frag(largest=512 * MiB - 1, ru=6 * GiB)  # needs 64.5 GiB at the OOM
+    ev.steps = _step_samples(
+        [
+            {"step": i, "allocated_bytes": 30 * GiB, "peak_allocated_bytes": p * GiB}
+            for i, p in enumerate(peaks_gib)
+        ]
+    )
+    f = fragmentation.evaluate(ev)
+    assert f is not None
+    assert (f.score < CONFIDENT_MIN) is capped
+    assert any("unlike the earlier ones" in s for s in f.facts) is capped
