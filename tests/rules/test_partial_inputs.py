@@ -684,3 +684,32 @@ def test_a_step_beyond_every_earlier_one_is_not_convicted_on_holes(
     assert f is not None
     assert (f.score < CONFIDENT_MIN) is capped
     assert any("unlike the earlier ones" in s for s in f.facts) is capped
+
+
+def _micro_steps(leak: int) -> list[dict[str, Any]]:
+    """A sample at every micro-step of gradient accumulation over 4: the gradients (13 GiB) are held from
+    the first micro-step until the optimizer step frees them; ``leak`` bytes kept per optimizer step."""
+    out = []
+    for opt in range(20):
+        base = 40 * GiB + opt * leak
+        for micro in range(4):
+            live = base + (13 * GiB if micro < 3 else 0)
+            out.append(
+                {"step": 4 * opt + micro, "allocated_bytes": live, "peak_allocated_bytes": live + 8 * GiB}
+            )
+    return out
+
+
+@pytest.mark.parametrize(("leak", "growing"), [(256 * MiB, True), (0, False)])
+def test_samples_at_every_micro_step_are_read_one_per_period(leak: int, growing: bool) -> None:
+    """Sampled at every micro-step, live memory saw-tooths by the gradients: half the changes up, half
+    down, which hides a leak. Read one sample per period (every sample is at least the one four before
+    it), the floor rises by the leak at every optimizer step; without a leak it is flat."""
+    from triage.evidence import _phase_trend
+
+    t = _phase_trend(_micro_steps(leak))
+    assert t is not None and t.steps == 20
+    assert (t.rising_fraction == 1.0 and t.growth_bytes >= 18 * leak) is growing
+    if not growing:
+        assert t.growth_bytes == 0 and t.falling_fraction == 0
+    assert _trend(_micro_steps(leak)).rising_fraction < 0.5  # read sample by sample: a saw-tooth
