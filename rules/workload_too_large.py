@@ -72,12 +72,12 @@ def _buffer(ev: Evidence) -> tuple[int, int, int] | None:
     trend = ev.trend
     if trend is None or not trend.plateaued or trend.early_growth_bytes <= 0 or len(ev.steps) < 2:
         return None
-    grew: dict[int, int] = {}  # batch size -> bytes the buffer grew by at that size
-    for i, (a, b) in enumerate(itertools.pairwise(ev.steps)):
-        if i in trend.rise_at:
-            size = b.batch_size or ev.batch_size
-            if size and size > 0:
-                grew[size] = grew.get(size, 0) + b.allocated_bytes - a.allocated_bytes
+    grew: dict[int, int] = {}  # batch size -> net bytes live memory grew by between steps at that size
+    for a, b in itertools.pairwise(ev.steps):
+        size = b.batch_size or ev.batch_size
+        if size and size > 0 and (a.batch_size or ev.batch_size) == size:
+            grew[size] = grew.get(size, 0) + b.allocated_bytes - a.allocated_bytes
+    grew = {k: v for k, v in grew.items() if v > 0}
     if not grew:
         return None
     fill_batch = max(grew, key=lambda k: grew[k])
