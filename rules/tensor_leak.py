@@ -32,7 +32,7 @@ from triage.evidence import trace_cycles
 from triage.units import GiB, MiB, human
 
 if TYPE_CHECKING:
-    from triage.evidence import Evidence, Survivors
+    from triage.evidence import Evidence, StepTrend, Survivors
     from triage.snapshot.sites import SiteStats
 
 ID = "tensor_leak"
@@ -47,6 +47,22 @@ STOPPED_STEPS = 4  # steps without a new survivor (and 3x the site's own pace) b
 MAX_FREED_FRACTION = 0.25  # more of the site's trace allocations freed than this: a bounded cache
 MIN_RISING_FRACTION = 0.7
 MIN_GROWTH_FRACTION = 0.05  # of the device limit
+
+
+LATE_RISES = 8  # consecutive rising steps up to the OOM that make a leak, however flat the steps before
+
+
+def late_leak(trend: StepTrend, growth_floor: int) -> bool:
+    """Live memory rose at each of the last LATE_RISES or more steps, right up to the OOM, never fell in
+    the run, and the rise is more than noise: a leak that began late. A cache that filled and stopped has
+    a flat tail; a batch-size change is not counted as a rise."""
+    if (
+        trend.tail_rises < LATE_RISES
+        or trend.falling_fraction > 0.05
+        or trend.rising_fraction >= MIN_RISING_FRACTION
+    ):
+        return False
+    return trend.end_bytes - trend.start_bytes >= growth_floor
 
 
 def _elsewhere(ev: Evidence, st: SiteStats) -> bool:
@@ -209,6 +225,16 @@ def evaluate(ev: Evidence) -> Finding | None:
                 f"(+{human(max(0, trend.late_growth_bytes))} over the last third of {trend.steps} steps): "
                 "a bounded cache or warm-up, not a leak."
             )
+        elif late_leak(trend, growth_floor):
+            # flat for a while, then up at every step to the OOM: a leak that began late (after the first
+            # evaluation, when a feature turned on)
+            trend_growing = True
+            f.facts.append(
+                f"Live memory after each step rose at every one of the last {trend.tail_rises} steps, to "
+                f"{human(trend.end_bytes)}, and never fell: something kept every step since then is never released."
+            )
+            f.values["growth_bytes"] = trend.growth_bytes
+            f.values["steps"] = trend.steps
         elif trend.growth_bytes >= growth_floor and (
             trend.rising_fraction >= MIN_RISING_FRACTION
             or (trend.falling_fraction <= 0.1 and trend.rising_fraction >= 0.25 and trend.rises_throughout)

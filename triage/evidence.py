@@ -138,6 +138,7 @@ class StepTrend:
     flat_tail: int  # step-to-step changes at the end that stayed flat (within noise)
     tail_slope_ratio: float  # mean change over the last quarter / mean change before it (1.0 = steady)
     rise_at: tuple[int, ...] = ()  # indices of the step-to-step changes that were increases
+    tail_rises: int = 0  # step-to-step changes at the end that were all increases (a leak that began late)
 
     @property
     def never_falls(self) -> bool:
@@ -278,6 +279,7 @@ def _trend(samples: Sequence[Any]) -> StepTrend | None:
         flat_tail=flat_tail,
         tail_slope_ratio=ratio,
         rise_at=tuple(i for i, d in enumerate(diffs) if d > noise),
+        tail_rises=next((i for i, d in enumerate(reversed(diffs)) if d <= noise), len(diffs)),
     )
 
 
@@ -556,7 +558,14 @@ def _pick_message(ev: Evidence) -> None:
     if last_cuda is not None:
         # a /dev/shm failure after the last CUDA OOM is what ended the job: that OOM was caught (an
         # evaluation loop that skips a batch, a batch-size finder) and training went on
-        later = [m for m in ev.messages if m.kind == "shm_exhausted" and (m.line_no or 0) > last_cuda]
+        # (a worker's own "Unexpected bus error" line alone may be the workers dying with their parent)
+        later = [
+            m
+            for m in ev.messages
+            if m.kind == "shm_exhausted"
+            and m.format != "shm-worker-bus-error"
+            and (m.line_no or 0) > last_cuda
+        ]
         if later:
             ev.message = later[-1]
             return

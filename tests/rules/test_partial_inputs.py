@@ -713,3 +713,50 @@ def test_samples_at_every_micro_step_are_read_one_per_period(leak: int, growing:
     if not growing:
         assert t.growth_bytes == 0 and t.falling_fraction == 0
     assert _trend(_micro_steps(leak)).rising_fraction < 0.5  # read sample by sample: a saw-tooth
+
+
+@pytest.mark.parametrize(
+    ("tail", "leak"),
+    [
+        (12, True),  # flat for 40 steps, then +512 MiB at each of the last 12: a leak that began late
+        (6, False),  # six rises: a cache of six entries filling looks the same
+        (0, False),  # flat throughout
+    ],
+)
+def test_a_leak_that_began_late_is_growth(tail: int, leak: bool) -> None:
+    """A leak that starts after the first evaluation leaves the first steps flat: most changes are not
+    rises and the first third never rose. Rising at every one of the last 8+ steps up to the OOM, and
+    never falling, is still a leak."""
+    samples = [
+        {
+            "step": s,
+            "allocated_bytes": 40 * GiB + max(0, s - 40) * 512 * MiB,
+            "peak_allocated_bytes": 70 * GiB,
+        }
+        for s in range(41 + tail)
+    ]
+    ev = cuda(trend=_trend(samples), steps=_step_samples(samples), step=41 + tail)
+    f = tensor_leak.evaluate(ev)
+    assert (f is not None and f.score >= CONFIDENT_MIN) is leak
+    assert (f is not None and any(f"the last {tail} steps" in s for s in f.facts)) is leak
+
+
+WORKER_LINES_AFTER_FATAL_OOM = """Traceback (most recent call last):
+  File "/workspace/train.py", line 88, in <module>
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which 300.00 MiB is free. Process 3321 has 41.02 GiB memory in use. Process 90877 has 37.66 GiB memory in use. Of the allocated memory 39.80 GiB is allocated by PyTorch, and 670.00 MiB is reserved by PyTorch but unallocated.
+ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory (shm).
+"""
+
+
+def test_worker_bus_errors_after_a_fatal_cuda_oom_do_not_replace_it() -> None:
+    """A worker's own "Unexpected bus error" line printed after an uncaught CUDA OOM may be the workers
+    dying with their parent: the CUDA OOM stays the failure diagnosed. Only the main process's own shm
+    error after it (``DataLoader worker … killed by signal: Bus error``) ends the job instead."""
+    _, ev = diagnose_text(WORKER_LINES_AFTER_FATAL_OOM)
+    assert ev.kind == "cuda_oom"
+    main_error = (
+        "RuntimeError: DataLoader worker (pid 2417) is killed by signal: Bus error. It is possible that "
+        "dataloader's workers are out of shared memory. Please try to raise your shared memory limit.\n"
+    )
+    _, ev = diagnose_text(WORKER_LINES_AFTER_FATAL_OOM + main_error)
+    assert ev.kind == "shm_exhausted"
