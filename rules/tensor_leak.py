@@ -47,9 +47,8 @@ STOPPED_STEPS = 4  # steps without a new survivor (and 3x the site's own pace) b
 MAX_FREED_FRACTION = 0.25  # more of the site's trace allocations freed than this: a bounded cache
 MIN_RISING_FRACTION = 0.7
 MIN_GROWTH_FRACTION = 0.05  # of the device limit
-
-
 LATE_RISES = 8  # consecutive rising steps up to the OOM that make a leak, however flat the steps before
+BOUNDED = 0.4  # survivors that behave like a bounded cache (flat steps, filled and stopped, turning over)
 
 
 def late_leak(trend: StepTrend, growth_floor: int) -> bool:
@@ -138,10 +137,9 @@ def _steps_since_last(ev: Evidence, leak: Survivors) -> int:
 
 def _turned_over(ev: Evidence, leak: Survivors) -> tuple[int, int, int] | None:
     """(live blocks, allocations made since, most held at once) when the site's count of live blocks
-    reached what it holds
-    now early and the site then went on allocating at least as many blocks again, freeing as many, never
-    holding more than one extra: a cache that evicts (least recently used, one entry per key) turning
-    over, not a leak. A leak's count keeps rising to the end."""
+    reached what it holds now early and the site then went on allocating at least as many blocks again,
+    freeing as many, never holding more than one extra: a cache that evicts (least recently used, one
+    entry per key) turning over, not a leak. A leak's count keeps rising to the end."""
     tl = ev.oom_timeline
     st = leak.stats
     if tl is None or tl.device not in st.devices or st.traced < st.count or leak.freed_at_site < st.count:
@@ -301,7 +299,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         if trend_growing or (steady and f.score >= STRONG):
             f.score = 0.95
         elif trend_flat and not steady:
-            f.score = min(f.score, 0.4)
+            f.score = min(f.score, BOUNDED)
         elif trend is None and (churn := _turned_over(ev, leak)):
             f.facts.append(
                 f"But the site never held more than {churn[2]} blocks at once: it reached {churn[0]} early and "
@@ -310,7 +308,7 @@ def evaluate(ev: Evidence) -> Finding | None:
             f.missing.append(
                 "live memory per step (the collector's step samples): a cache levels off, a leak does not"
             )
-            f.score = min(f.score, 0.4)
+            f.score = min(f.score, BOUNDED)
         elif trend is None and (quiet := _steps_since_last(ev, leak)):
             f.facts.append(
                 f"Then the trace shows {quiet} more steps without a new one: the site filled up and stopped "
@@ -319,7 +317,7 @@ def evaluate(ev: Evidence) -> Finding | None:
             f.missing.append(
                 "live memory per step (the collector's step samples): a filled cache levels off, a leak does not"
             )
-            f.score = min(f.score, 0.4)
+            f.score = min(f.score, BOUNDED)
         elif trend is None and not decisive and _minor(ev, kept := _kept_across_steps(ev)):
             # without the steps, only the blocks show the leak: if everything that outlived its step could
             # not have made room for the request, this OOM came from something else (the leak is still real)

@@ -228,7 +228,10 @@ class Survivors:
 
 
 def _trend(samples: Sequence[Any]) -> StepTrend | None:
-    ss = _step_samples(samples)
+    return _trend_of(_step_samples(samples))
+
+
+def _trend_of(ss: Sequence[StepSample]) -> StepTrend | None:
     pts = [(s.step, s.allocated_bytes, s.peak_allocated_bytes) for s in ss]
     if len(pts) < 3:
         return None
@@ -818,27 +821,23 @@ def _workload(ev: Evidence, batch_size: int | None) -> None:
     tl = _get(ev.bundle, "timeline")
     if isinstance(tl, list):
         ev.steps = _step_samples(tl)
-        ev.trend = _phase_trend(tl)
+        ev.trend = _phase_trend(ev.steps)
 
 
-def _phase_trend(samples: Sequence[Any]) -> StepTrend | None:
+def _phase_trend(ss: Sequence[StepSample]) -> StepTrend | None:
     """The trend of the samples; when they saw-tooth with a period k (sampled at every micro-step of
     gradient accumulation: the gradients are held until the optimizer step frees them) and every sample
     is at least the one k before it, the trend of the samples in the last one's phase — one per period,
     like the optimizer steps."""
-    t = _trend(samples)
+    t = _trend_of(ss)
     if t is None or t.falling_fraction < 0.15 or t.rising_fraction > 0.7:
         return t
-    rows = sorted(
-        (s for s in samples if isinstance(s, dict) and _int(s.get("allocated_bytes")) is not None),
-        key=lambda s: _int(s.get("step")) or 0,
-    )
-    live = [_int(s.get("allocated_bytes")) or 0 for s in rows]
+    live = [s.allocated_bytes for s in ss]
     for k in range(2, 9):
-        if len(rows) < 4 * k:
+        if len(ss) < 4 * k:
             break
         if all(live[i + k] >= live[i] - 512 for i in range(len(live) - k)):
-            sub = _trend(rows[len(rows) - 1 :: -k][::-1])
+            sub = _trend_of(ss[len(ss) - 1 :: -k][::-1])
             if sub is not None:
                 return sub
     return t

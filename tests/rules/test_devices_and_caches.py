@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from rules import tensor_leak
+from tests.rules.rawsnap import one_block_segment
 from triage.pipeline import diagnose_snapshot
 from triage.snapshot.loader import normalise
 
@@ -54,31 +55,7 @@ class Trace:
         return kept
 
     def segments(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "device": self.device,
-                "address": a,
-                "total_size": size,
-                "allocated_size": size,
-                "active_size": size,
-                "requested_size": size,
-                "stream": 0,
-                "segment_type": "large",
-                "segment_pool_id": (0, 0),
-                "is_expandable": False,
-                "frames": [],
-                "blocks": [
-                    {
-                        "address": a,
-                        "size": size,
-                        "requested_size": size,
-                        "state": "active_allocated",
-                        "frames": fr,
-                    }
-                ],
-            }
-            for a, (size, fr) in self.live.items()
-        ]
+        return [one_block_segment(self.device, a, size, fr) for a, (size, fr) in self.live.items()]
 
 
 def _two_gpus(leak_device: int) -> dict[str, Any]:

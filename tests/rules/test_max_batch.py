@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from rules import workload_too_large
+from tests.rules.rawsnap import one_block_segment
 from triage.evidence import Evidence, _step_samples, _trend
 from triage.pipeline import diagnose_snapshot
 from triage.snapshot.loader import normalise
@@ -149,31 +150,7 @@ def _first_step(oom_frames: list[dict[str, Any]], *, stacks: bool = True) -> dic
     if not stacks:
         for e in trace:
             e["frames"] = []
-    segments = []
-    for a, (size, frames) in live.items():
-        block = {
-            "address": a,
-            "size": size,
-            "requested_size": size,
-            "state": "active_allocated",
-            "frames": frames if stacks else [],
-        }
-        segments.append(
-            {
-                "device": 0,
-                "address": a,
-                "total_size": size,
-                "allocated_size": size,
-                "active_size": size,
-                "requested_size": size,
-                "stream": 0,
-                "segment_type": "large",
-                "segment_pool_id": (0, 0),
-                "is_expandable": False,
-                "frames": [],
-                "blocks": [block],
-            }
-        )
+    segments = [one_block_segment(0, a, size, frames if stacks else []) for a, (size, frames) in live.items()]
     return {"segments": segments, "device_traces": [trace]}
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from rules import gpu_quota, host_memory_limit, tensor_leak, workload_too_large
 from rules.base import CANDIDATE
+from tests.rules.rawsnap import one_block_segment
 from triage.engine import CONFIDENT as CONFIDENT_MIN
 from triage.evidence import Evidence, _step_samples, _trend, trace_cycles
 from triage.pipeline import diagnose_snapshot, diagnose_text
@@ -421,33 +422,7 @@ def _loop_trace(steps: int, leak_first: bool, keep_steps: int | None = None) -> 
                 {"action": "free_completed", "addr": a, "size": 256 << 20, "stream": 0, "frames": act}
             )
     trace.append({"action": "oom", "addr": 0, "size": 1 << 30, "stream": 0, "device_free": 0, "frames": act})
-    blocks = [
-        {
-            "address": a,
-            "size": 8 << 20,
-            "requested_size": 8 << 20,
-            "state": "active_allocated",
-            "frames": user,
-        }
-        for a in kept
-    ]
-    segments = [
-        {
-            "device": 0,
-            "address": b["address"],
-            "total_size": b["size"],
-            "allocated_size": b["size"],
-            "active_size": b["size"],
-            "requested_size": b["size"],
-            "stream": 0,
-            "segment_type": "large",
-            "segment_pool_id": (0, 0),
-            "is_expandable": False,
-            "frames": [],
-            "blocks": [b],
-        }
-        for b in blocks
-    ]
+    segments = [one_block_segment(0, a, 8 << 20, user) for a in kept]
     return {"segments": segments, "device_traces": [trace]}
 
 
@@ -707,7 +682,7 @@ def test_samples_at_every_micro_step_are_read_one_per_period(leak: int, growing:
     it), the floor rises by the leak at every optimizer step; without a leak it is flat."""
     from triage.evidence import _phase_trend
 
-    t = _phase_trend(_micro_steps(leak))
+    t = _phase_trend(_step_samples(_micro_steps(leak)))
     assert t is not None and t.steps == 20
     assert (t.rising_fraction == 1.0 and t.growth_bytes >= 18 * leak) is growing
     if not growing:
