@@ -76,7 +76,10 @@ def decide(ev: Evidence, findings: list[Finding]) -> Diagnosis:
         for f in chosen[:2]:
             d.actions.extend(a for a in f.actions[:1] if a not in d.actions)
         if not can_decide:
-            d.missing.append("no OOM in this input: the snapshot was taken while the job was running")
+            d.missing.append(
+                "no OOM in this input: the snapshot has no `oom` trace entry (taken while the job ran, or "
+                "dumped with the trace off); the OOM message (`triage replay --message-file`) would decide"
+            )
     sized = None
     if d.verdict in ("workload_too_large", "inconclusive"):
         sized = next((f for f in ranked if f.max_batch_size is not None), None)
