@@ -31,12 +31,14 @@ LOW_USAGE = 0.5  # of the container's limit: far from where the OOM killer acts
 def evaluate(ev: Evidence) -> Finding | None:
     host_msgs = ev.host_kills
     f = Finding(rule=ID, verdict=VERDICT, score=0.0)
-    named = any(m.format not in WEAK for m in host_msgs)  # OOMKilled, the kernel's line, Killed, slurm
+    # the shell's "Killed" names no sender either when the log names another one (torchrun's teardown)
+    weak = WEAK | ({"host-killed"} if ev.other_killer else set())
+    named = any(m.format not in weak for m in host_msgs)  # OOMKilled, the kernel's line, Killed, slurm
     text_kinds = [m for m in ev.messages if m.kind == "host_oom"]
     # the incident's kind says host OOM from a source that named it (the watcher's OOMKilled, a kernel
     # line), not only from a SIGKILL in the text
     weak_kind = (
-        bool(text_kinds) and all(m.format in WEAK for m in text_kinds) and ev.bundle.get("kind") != "host_oom"
+        bool(text_kinds) and all(m.format in weak for m in text_kinds) and ev.bundle.get("kind") != "host_oom"
     )
     if ev.kind == "host_oom" and not weak_kind:
         f.score = STRONG
@@ -67,8 +69,10 @@ def evaluate(ev: Evidence) -> Finding | None:
                 "the scheduler's reason (time limit, preemption, eviction)"
             )
     if host_msgs:
-        what = "the kernel's kill" if named else "a SIGKILL"
-        f.facts.append(f"The log ends with {what}: {host_msgs[-1].text.strip()[:160]}")
+        last = host_msgs[-1]
+        what = "Ray's memory monitor's kill" if last.format == "host-ray-oom" else "the kernel's kill"
+        what = what if named else "a SIGKILL"
+        f.facts.append(f"The log ends with {what}: {last.text.strip()[:160]}")
     if ev.exit_code == 137:
         f.facts.append("Exit code 137: the process was killed with SIGKILL.")
     if ev.cgroup_limit_bytes:

@@ -26,7 +26,9 @@ DEFAULT_SHM = 64 * MiB
 
 
 def evaluate(ev: Evidence) -> Finding | None:
-    shm_msgs = [m for m in ev.messages if m.kind == "shm_exhausted"]
+    # after a CUDA OOM that ended the job, shm lines are its workers dying with it (or an earlier error the
+    # job went on after): a later shm failure that ended the job makes the incident's kind shm_exhausted
+    shm_msgs = [m for m in ev.messages if m.kind == "shm_exhausted"] if not ev.is_cuda_oom else []
     f = Finding(rule=ID, verdict=VERDICT, score=0.0)
     if ev.kind == "shm_exhausted" or shm_msgs:
         f.score = STRONG

@@ -134,6 +134,8 @@ def _headline(ev: Evidence, d: Diagnosis, top: Finding | None) -> str:
         if ev.kind == "none":
             return "No OOM in this snapshot: the accounting and live allocation sites are below."
         if not d.candidates:
+            if ev.survived_oom:
+                return f"Inconclusive: {ev.survived_oom}"
             return "No OOM cause found in this input."
         return "Inconclusive: could be " + ", ".join(d.candidates) + "."
     owner = {"algorithm": "training code", "platform": "platform"}.get(d.owner or "", "")

@@ -28,11 +28,14 @@ if TYPE_CHECKING:
 
 _RE_MIG_PROFILE = re.compile(r"\bMIG[ -]?(\d{1,2}g\.\d{1,3}gb(?:\+me)?)\b", re.IGNORECASE)
 # Senders of SIGKILL (exit code 137) other than the OOM killer: a time limit, a failed liveness probe, a
-# preemption. Kubernetes reports a memory kill as ``OOMKilled``; ``Reason: Error`` beside exit code 137 is
-# another sender.
+# preemption, an eviction for disk, a launcher's teardown. Kubernetes reports a memory kill as
+# ``OOMKilled``; ``Reason: Error`` beside exit code 137 is another sender.
 _RE_OTHER_KILLER = re.compile(
     r"timeout: sending signal KILL|liveness probe failed|failed liveness probe|DUE TO TIME LIMIT"
-    r"|\bpreempt(?:ed|ion)\b|^\s*Reason:\s+Error\s*$",
+    r"|\bpreempt(?:ed|ion)\b|^\s*Reason:\s+Error\s*$"
+    # the kubelet evicting for disk (the node's or an emptyDir's), torchrun killing a rank that hung
+    r"|low on resource: (?:ephemeral-storage|nodefs|imagefs|pids?|inodes)|Usage of EmptyDir volume"
+    r"|exceeds (?:its|the) local ephemeral storage limit|forcefully exiting via Signals\.SIGKILL",
     re.IGNORECASE | re.MULTILINE,
 )
 # The job's own worker processes, as its launcher prints them: torchrun's teardown and failure summary,
@@ -47,6 +50,9 @@ _RE_LAUNCHER_PID = re.compile(
 )
 # torchrun's error summary names the first rank that failed: the others may have failed because of it
 _RE_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):(?:\n[^\n]*){0,4}?\n\s*rank\s*:\s*(\d+)")
+# lines of training progress after a log's CUDA OOM that show the job went on after it: other ranks print
+# at most a step or two before they block in the next collective
+PROGRESS_AFTER_OOM = 10
 TRACE_MIN_CYCLES = 4  # cycles of live memory in a trace before they are read as steps
 RECENT_BATCH_STEPS = 2  # a batch that grew this many completed steps before the OOM still explains it
 SMALL_POOL_MAX = 1 * MiB
@@ -343,6 +349,7 @@ class Evidence:
     other_killer: str | None = None  # a line naming another sender of SIGKILL (timeout, liveness probe, …)
     launcher_pids: set[int] = field(default_factory=set)  # the job's workers, from its launcher's lines
     root_rank: int | None = None  # torchrun's "Root Cause (first observed failure)" rank
+    survived_oom: str | None = None  # a log's CUDA OOM the job went on after (it did not end the job)
     contract_violations: list[Any] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -498,6 +505,7 @@ def build_evidence(
 ) -> Evidence:
     ev = Evidence(classifier=classifier or FrameClassifier(), bundle=dict(bundle or {}))
     b = ev.bundle
+    from_log: set[int] = set()  # messages found in the log text (ids)
     if snapshot is not None:
         ev.snapshot = snapshot
         ev.accounting = account(snapshot)
@@ -532,8 +540,12 @@ def build_evidence(
                 if m.text not in seen:
                     seen.add(m.text)
                     ev.messages.append(m)
+                    if t is text:
+                        from_log.add(id(m))
     _pick_message(ev)
     _kind(ev)
+    if text and snapshot is None and not _get(b, "kind"):
+        _went_on(ev, text, from_log)
     _device(ev)
     _snapshot_facts(ev)
     _processes(ev)
@@ -561,12 +573,14 @@ def _pick_message(ev: Evidence) -> None:
     if last_cuda is not None:
         # a /dev/shm failure after the last CUDA OOM is what ended the job: that OOM was caught (an
         # evaluation loop that skips a batch, a batch-size finder) and training went on
-        # (a worker's own "Unexpected bus error" line alone may be the workers dying with their parent)
+        # (a worker's own "Unexpected bus error" line alone, or an error Python printed as "Exception ignored
+        # in" at shutdown, is the workers dying with their parent)
         later = [
             m
             for m in ev.messages
             if m.kind == "shm_exhausted"
             and m.format != "shm-worker-bus-error"
+            and m.extra.get("ignored") != "true"
             and (m.line_no or 0) > last_cuda
         ]
         if later:
@@ -582,6 +596,31 @@ def _pick_message(ev: Evidence) -> None:
         enumerate(pool),
         key=lambda im: (im[1].total_bytes is not None, im[1].requested_bytes is not None, im[0]),
     )[1]
+
+
+def _went_on(ev: Evidence, text: str, from_log: set[int]) -> None:
+    """A log whose CUDA OOM was caught: the process printed training progress after it (an evaluation
+    loop that skips the batch, a batch-size finder, a retry with a smaller batch) and died later of
+    something else, or finished. The OOM is not what ended the job; a later shm failure or host kill is."""
+    from triage.messages import went_on_after
+
+    m = ev.message
+    if m is None or m.kind != "cuda_oom" or id(m) not in from_log or m.line_no is None:
+        return
+    progress, fatal = went_on_after(text, m.line_no, m.rank)
+    if progress < PROGRESS_AFTER_OOM:
+        return
+    what = f"{progress} lines of training progress follow it" + (f", then `{fatal}`" if fatal else "")
+    ev.survived_oom = f"The CUDA OOM at line {m.line_no} did not end the job: {what}."
+    ev.notes.append(ev.survived_oom)
+    later = [
+        x for x in ev.messages if x.kind != "cuda_oom" and id(x) in from_log and (x.line_no or 0) > m.line_no
+    ]
+    if later:
+        ev.message = later[-1]
+        ev.kind = ev.message.kind
+    else:
+        ev.kind = "crash"
 
 
 def _kind(ev: Evidence) -> None:

@@ -23,7 +23,9 @@ prints (see SNAPSHOT_FORMAT.md §4–5 for the formats):
     on a ``/dev/shm`` or ``torch_`` path), ``shm-bus-error`` (``DataLoader worker (pid N) is killed by
     signal: Bus error``), ``shm-worker-bus-error`` (``Unexpected bus error encountered in worker …
     (shm)``), ``shm-nccl`` (NCCL's ``failed to extend /dev/shm/nccl-… to N bytes``, or its ``Error while creating
-    shared memory segment /dev/shm/nccl-… (size N)`` after ``posix_fallocate`` found no space).
+    shared memory segment /dev/shm/nccl-… (size N)`` after ``posix_fallocate`` found no space),
+    ``shm-emptydir-evicted`` (the kubelet's ``Usage of EmptyDir volume "dshm" exceeds the limit "32Gi"`` for a
+    volume named like a /dev/shm mount).
 ``host_oom``
     ``host-killed`` (``Killed`` alone on a line, accepted only when nothing but other host-OOM lines
     follows it; or a shell job line ``line 3:  4242 Killed  python train.py``), ``host-oomkilled``
@@ -31,7 +33,8 @@ prints (see SNAPSHOT_FORMAT.md §4–5 for the formats):
     (``exitcode: -9``, ``Signal 9 (SIGKILL) received by PID N``), ``host-kernel-oom`` (``Memory cgroup out
     of memory: Killed process N (python)`` and its ``oom-kill:`` line), ``host-slurm-oom``,
     ``host-worker-killed`` (a DataLoader worker killed by ``Killed``), ``host-cpu-alloc``
-    (``DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes``). Every message that
+    (``DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes``), ``host-ray-oom`` (Ray's
+    memory monitor: ``Task was killed due to the node running low on memory``). Every message that
     means a SIGKILL (killed, sigkill, kernel, worker-killed) carries ``exit_code`` 137, the shell's 128 + 9;
     ``OOMKilled`` gets one only from an exit-code line beside it.
 
@@ -79,6 +82,7 @@ __all__ = [
     "parse_message",
     "parse_messages",
     "split_processes",
+    "went_on_after",
 ]
 
 CUDA_OOM = "cuda_oom"
@@ -271,7 +275,7 @@ def _size(m: re.Match[str], i: int) -> int:
 _TRIGGER = re.compile(
     r"out of memory|internal assert failed|hami-core|unable to (?:write|allocate|mmap)|no space left"
     r"|killed|bus error|oomkill|(?<!\d)137(?!\d)|sigkill|exitcode|cublas_status_alloc_failed|failed to extend"
-    r"|shared memory segment"
+    r"|shared memory segment|emptydir volume|running low on memory"
     r"|oom[-_]kill|defaultcpuallocator|preemptively|cuda_error_out_of_memory|cudaerrormemoryallocation",
     re.IGNORECASE,
 )
@@ -301,6 +305,8 @@ _RE_NCCL_SHM = re.compile(r"failed to extend (/dev/shm/[^\s]{1,4096}) to (\d{1,2
 _RE_NCCL_SEGMENT = re.compile(
     r"Error while creating shared memory segment (/dev/shm/[^\s()]{1,4096})(?: \(size (\d{1,24})\))?"
 )
+# the kubelet evicting a pod whose memory-backed /dev/shm volume went over its sizeLimit
+_RE_EMPTYDIR = re.compile(r'Usage of EmptyDir volume "([^"]{1,253})" exceeds the limit "([^"]{1,64})"')
 _RE_DL_SIGNAL = re.compile(
     r"DataLoader worker \(pid (\d{1,10})\) is killed by signal: ([A-Za-z][A-Za-z ]{0,40}?)\."
 )
@@ -327,6 +333,8 @@ _RE_LOCAL_RANK = re.compile(r"(?<![\w])local_rank ?[:=] ?(\d{1,7})")
 _RE_BASH_KILLED = re.compile(r"(?:(?<![\w])line \d{1,7}: {1,10}(\d{1,10})|^\[\d{1,5}\][+-]?) {1,30}Killed\b")
 _RE_SLURM_EVENT = re.compile(r"Detected (\d{1,7}) oom[-_]kill events? in (?:StepId=)?([\w.]{1,64})")
 _RE_SLURM_TASK = re.compile(r"task (\d{1,7}): Out Of Memory")
+_RE_RAY_OOM = re.compile(r"(?:Task|Actor|Worker) was killed due to (?:the )?node running low on memory")
+_RE_RAY_PID = re.compile(r"\bpid=(\d{1,10})")
 _RE_CPU_ALLOC = re.compile(
     r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory): you tried to allocate (\d{1,24}) bytes"
 )
@@ -404,6 +412,12 @@ def _detect(content: str) -> list[_Hit]:
         or "shared memory segment" in low
     ):
         hits.extend(_detect_shm_files(content))
+    if "emptydir volume" in low:
+        m = _RE_EMPTYDIR.search(content)
+        if m and "shm" in m.group(1).lower():
+            msg = OomMessage(SHM_EXHAUSTED, "shm-emptydir-evicted", "", extra={"volume": m.group(1)})
+            msg.extra["limit"] = m.group(2)
+            hits.append(_Hit(m.start(), msg))
     if "killed by signal" in low:
         m = _RE_DL_SIGNAL.search(content)
         if m:
@@ -420,6 +434,11 @@ def _detect(content: str) -> list[_Hit]:
         m = _RE_WORKER_BUS.search(content)
         if m:
             hits.append(_Hit(m.start(), OomMessage(SHM_EXHAUSTED, "shm-worker-bus-error", "")))
+    if "running low on memory" in low:
+        m = _RE_RAY_OOM.search(content)
+        if m:
+            msg = OomMessage(HOST_OOM, "host-ray-oom", "", exit_code=137, extra={"signal": "SIGKILL"})
+            hits.append(_Hit(_error_start(content, m.start()), msg))
     if "defaultcpuallocator" in low:
         m = _RE_CPU_ALLOC.search(content)
         if m:
@@ -860,6 +879,43 @@ _FILLABLE = tuple(
 )
 
 
+# A line that shows training going on: "step 120 | loss …", "Epoch 3/10", "iter: 40", the Hugging Face
+# Trainer's "{'loss': 0.52, …}", a tqdm bar ("450/1000 [02:10<…").
+_RE_PROGRESS = re.compile(
+    r"(?<![\w])(?:global_step|step|iter(?:ation)?|epoch)(?![\w])['\"]?\s{0,3}[:=#]?\s{0,3}\[?\d"
+    r"|'loss': ?-?\d|(?<![\w/])\d{1,9}/\d{1,9} \[\d",
+    re.IGNORECASE,
+)
+# What a process prints when it dies of something else: an exception ending a traceback, a fatal signal.
+_RE_FATAL = re.compile(
+    r"\s{0,16}(?:[A-Za-z_][\w.]{0,150}(?:Error|Exception|Interrupt)(?::\s|$)"
+    r"|Fatal Python error: |Segmentation fault|Bus error \(core dumped\)|Aborted \(core dumped\))"
+)
+_MAX_AFTER_LINES = 2_000_000
+
+
+def went_on_after(text: str, line_no: int, rank: int | None = None) -> tuple[int, str | None]:
+    """(training-progress lines, the last fatal error line) in ``text`` after line ``line_no`` (1-based):
+    how far a process went on after an error it caught (an OOM skipped by an evaluation loop, a batch
+    size finder, a retry with a smaller batch). Only lines of ``rank`` (or lines without a rank prefix)
+    count, and nothing after a restart of the worker group: that is a new attempt."""
+    lines = text.split("\n")
+    progress = 0
+    fatal: str | None = None
+    for raw in lines[line_no : line_no + _MAX_AFTER_LINES]:
+        if "estart" in raw and _RE_RESTART.search(raw):
+            break
+        ln = _strip_line(raw)
+        if rank is not None and ln.g is not None and ln.g != rank:
+            continue
+        if _RE_FATAL.match(ln.content):
+            fatal = ln.content.strip()[:200]
+        elif _RE_PROGRESS.search(ln.content):
+            progress += 1
+            fatal = None  # an error the process went on after is not its last
+    return progress, fatal
+
+
 def _key(m: OomMessage) -> tuple[object, ...]:
     """What makes two occurrences the same message (the data, not the wrapping of the text)."""
     extra = tuple(sorted((k, v) for k, v in m.extra.items() if k != "local_rank"))
@@ -961,6 +1017,8 @@ class _Parser:
                         w = _last(_RE_RANK_WORD, content[max(0, hit.start - 200) : hit.start])
                         if w is not None:
                             g = int(w.group(1))
+                if msg.kind != CUDA_OOM and self._ignored(i):
+                    msg.extra["ignored"] = "true"
                 f = _Found(msg, g, lr, i, hit.start, i)
                 if msg.kind == HOST_OOM:
                     host_lines.add(i)
@@ -981,6 +1039,18 @@ class _Parser:
                 f.msg.extra["local_rank"] = str(f.lr)
             out.append(f.msg)
         return out
+
+    def _ignored(self, i: int) -> bool:
+        """Line ``i`` ends a traceback that Python printed under "Exception ignored in: …" (an exception
+        raised in ``__del__`` or at interpreter exit, which ended nothing: a DataLoader's workers dying
+        while the process shuts down)."""
+        for j in range(i - 1, max(-1, i - _MAX_CONT_SKIP), -1):
+            c = self.line(j).content
+            if c.startswith("Exception ignored in"):
+                return True
+            if not (c.startswith(("Traceback (most recent call last)", " ", "\t")) or not c.strip()):
+                return False
+        return False
 
     def _continue(self, i: int, first: _Line, text: str, consumed: set[int]) -> str:
         """Append the following lines of the same stream while the message is not complete."""

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from triage.evidence import Evidence
 
 MAX_TEXT_BYTES = 256 * 1024 * 1024
+BINARY_SAMPLE = 65536  # bytes looked at to tell a binary file from a text
+_TEXT_CONTROL = frozenset(b"\t\n\r\x0b\x0c\x08\x1b")  # control bytes a log may carry (tabs, colours, tqdm)
 
 
 def read_text(path: str) -> str:
@@ -34,11 +36,29 @@ def read_text(path: str) -> str:
         raise InputError(f"{path}: cannot read ({exc.strerror or exc})")
     if len(data) > MAX_TEXT_BYTES:
         raise InputError(f"{path}: larger than {MAX_TEXT_BYTES} bytes")
-    if b"\x00" in data[:4096] and not data.lstrip().startswith((b"{", b"[")):
-        raise InputError(
-            f"{path}: binary data, not a log or error text (a snapshot is the argument of `triage replay`, not its --message-file)"
-        )
+    if b"\x00" in data[:BINARY_SAMPLE] and not data.lstrip().startswith((b"{", b"[")):
+        # runs of NULs in a text (a log rotated with copytruncate, a writer that crashed) are dropped
+        sample = data[:BINARY_SAMPLE].replace(b"\x00", b"")
+        control = sum(1 for c in sample if c < 0x20 and c not in _TEXT_CONTROL)
+        if not sample.strip() or control > 0.02 * len(sample):
+            raise InputError(
+                f"{path}: binary data, not a log or error text (a snapshot is the argument of `triage replay`, not its --message-file)"
+            )
+        data = data.replace(b"\x00", b"")
+    if not data.strip():
+        raise InputError(f"{path}: empty: no log or error text in it")
     return data.decode("utf-8", errors="replace")
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a count that must be at least 1 (a batch size)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {n}")
+    return n
 
 
 def emit(d: Diagnosis, ev: Evidence, args: argparse.Namespace, *, title: str) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from triage.commands.common import positive_int
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
@@ -13,7 +15,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "text cannot decide (a leak and a too-large batch look the same at the moment of failure).",
     )
     p.add_argument("logfile", help="log file, or - for standard input")
-    p.add_argument("--batch-size", type=int, help="the batch size of the failing step")
+    p.add_argument("--batch-size", type=positive_int, help="the batch size of the failing step")
     p.add_argument("--json", action="store_true", help="print the Diagnosis as JSON")
     p.add_argument("--html", metavar="OUT", help="also write a standalone HTML report")
     p.set_defaults(func=run)

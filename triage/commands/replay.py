@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from triage.commands.common import positive_int
+
 if TYPE_CHECKING:
     from triage.snapshot.model import Snapshot
 
@@ -18,7 +20,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("path", help="snapshot file")
     p.add_argument("--message-file", help="file with the OOM error text or log (adds the message's facts)")
-    p.add_argument("--batch-size", type=int, help="the batch size of the failing step (for max_batch_size)")
+    p.add_argument(
+        "--batch-size", type=positive_int, help="the batch size of the failing step (for max_batch_size)"
+    )
     p.add_argument("--json", action="store_true", help="print the Diagnosis as JSON")
     p.add_argument("--html", metavar="OUT", help="also write a standalone HTML report")
     p.add_argument(

@@ -1,0 +1,260 @@
+"""What ended the job, read from a whole log: an OOM the job went on after, an eviction, a launcher's
+kill, errors printed while the process shut down, and inputs that are not a log at all.
+
+Each behaviour is pinned on both sides: the reading that changes the verdict, and the nearby log where
+the old reading still holds. Kubernetes and Ray lines follow the shapes `kubectl describe pod` and Ray's
+memory monitor print (no cluster runs here).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.conftest import run_cli
+from triage.evidence import PROGRESS_AFTER_OOM
+from triage.messages import went_on_after
+from triage.pipeline import diagnose_text
+
+NEIGHBOUR_OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+    "79.15 GiB of which 1.21 GiB is free. Process 12345 has 46.00 GiB memory in use. Including non-PyTorch "
+    "memory, this process has 31.92 GiB memory in use. Of the allocated memory 30.10 GiB is allocated by "
+    "PyTorch, and 1.20 GiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large "
+    "try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation "
+    "for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+)
+OWN_OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1024.00 MiB. GPU 0 has a total capacity of "
+    "79.15 GiB of which 557.80 MiB is free. Including non-PyTorch memory, this process has 78.61 GiB memory in "
+    "use. Of the allocated memory 77.20 GiB is allocated by PyTorch, and 0.90 GiB is reserved by PyTorch but "
+    "unallocated. If reserved but unallocated memory is large try setting "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory "
+    "Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+)
+TRACEBACK = """Traceback (most recent call last):
+  File "/workspace/train.py", line 311, in <module>
+    main()
+  File "/workspace/train.py", line 198, in train_step
+    out = model(**batch)
+"""
+
+
+def steps(first: int, n: int) -> str:
+    return "".join(f"step {k:6d} | loss 0.8{k % 10} | lr 3.00e-04\n" for k in range(first, first + n))
+
+
+def caught_oom_then(after: str, oom: str = NEIGHBOUR_OOM) -> str:
+    return (
+        steps(1, 30)
+        + "WARNING: OOM in step 31, emptied cache, retrying with batch_size=8\n"
+        + oom
+        + "\n"
+        + after
+    )
+
+
+# ------------------------------------------------------------------ an OOM the job went on after
+
+
+def test_an_oom_the_job_went_on_after_did_not_end_it() -> None:
+    log = caught_oom_then(
+        steps(32, 2000)
+        + TRACEBACK
+        + "ValueError: Target is multiclass but average='binary'. Please choose another average setting.\n"
+    )
+    d, ev = diagnose_text(log)
+    assert d.verdict == "inconclusive"
+    assert not d.candidates
+    assert ev.survived_oom is not None
+    assert "2000 lines of training progress" in d.headline and "ValueError" in d.headline
+
+
+def test_a_few_lines_after_an_oom_are_other_ranks_before_they_block() -> None:
+    """Another rank may print a step or two before it blocks in the next collective: the OOM still ended
+    the job, and its neighbour is still the verdict."""
+    log = caught_oom_then(
+        steps(32, PROGRESS_AFTER_OOM - 1)
+        + "[E ProcessGroupNCCL.cpp:607] Watchdog caught collective operation timeout\n"
+    )
+    d, ev = diagnose_text(log)
+    assert ev.survived_oom is None
+    assert d.verdict == "other_process"
+
+
+def test_progress_after_a_restart_belongs_to_the_next_attempt() -> None:
+    log = caught_oom_then("[INFO] torch.distributed.elastic: Restarting worker group\n" + steps(1, 500))
+    oom_line = log[: log.index("torch.OutOfMemoryError")].count("\n") + 1
+    assert went_on_after(log, oom_line) == (0, None)
+    d, _ = diagnose_text(log)
+    assert d.verdict == "other_process"
+
+
+def test_progress_is_counted_for_the_failing_rank_only() -> None:
+    lines = [f"[rank1]: step {k} | loss 0.5" for k in range(200)]
+    log = "[rank0]: " + NEIGHBOUR_OOM + "\n" + "\n".join(lines) + "\n"
+    assert went_on_after(log, 1, 0) == (0, None)
+    assert went_on_after(log, 1, 1)[0] == 200
+
+
+def test_a_host_kill_after_a_survived_oom_is_the_failure() -> None:
+    log = caught_oom_then(
+        steps(32, 400)
+        + "Memory cgroup out of memory: Killed process 4411 (python) total-vm:99999kB, anon-rss:62914560kB\n"
+    )
+    d, _ = diagnose_text(log)
+    assert d.verdict == "host_memory_limit"
+
+
+# ------------------------------------------------------------------ errors printed while shutting down
+
+
+def test_workers_dying_at_shutdown_after_a_fatal_oom_are_not_the_failure() -> None:
+    log = (
+        steps(1, 20)
+        + TRACEBACK
+        + OWN_OOM
+        + "\nERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory (shm).\n"
+        + "Exception ignored in: <function _MultiProcessingDataLoaderIter.__del__ at 0x7f2b1c0d9e50>\n"
+        + "Traceback (most recent call last):\n"
+        + '  File "/usr/lib/python3.10/site-packages/torch/utils/data/dataloader.py", line 1479, in __del__\n'
+        + "    self._shutdown_workers()\n"
+        + "RuntimeError: DataLoader worker (pid 8812) is killed by signal: Bus error. It is possible that "
+        "dataloader's workers are out of shared memory. Please try to raise your shared memory limit.\n"
+    )
+    d, ev = diagnose_text(log)
+    assert ev.is_cuda_oom
+    assert d.verdict == "inconclusive"
+    assert "shm_exhausted" not in d.candidates
+
+
+def test_a_bus_error_that_ended_the_job_after_a_caught_oom_is_the_failure() -> None:
+    log = caught_oom_then(
+        steps(32, 3)
+        + TRACEBACK
+        + "RuntimeError: DataLoader worker (pid 8812) is killed by signal: Bus error. It is possible that "
+        "dataloader's workers are out of shared memory. Please try to raise your shared memory limit.\n",
+        oom=OWN_OOM,
+    )
+    d, _ = diagnose_text(log)
+    assert d.verdict == "shm_exhausted"
+
+
+# ------------------------------------------------------------------ evictions and other senders of SIGKILL
+
+
+def describe_pod(reason_line: str, extra_volume: str = "") -> str:
+    return f"""Name:             llm-ft-7f9c4-worker-0
+Namespace:        team-nlp
+Status:           Failed
+Reason:           Evicted
+Message:          {reason_line}
+Containers:
+  trainer:
+    Last State:     Terminated
+      Reason:       ContainerStatusUnknown
+      Exit Code:    137
+    Mounts:
+      /dev/shm from dshm (rw){extra_volume}
+Events:
+  Type     Reason     Age   From     Message
+  ----     ------     ----  ----     -------
+  Warning  Evicted    2m    kubelet  {reason_line}
+"""
+
+
+def test_an_eviction_for_disk_is_not_a_memory_kill() -> None:
+    log = describe_pod(
+        "The node was low on resource: ephemeral-storage. Threshold quantity: 48214512947, available: "
+        "41028404Ki. Container trainer was using 212Gi, request is 0."
+    )
+    d, ev = diagnose_text(log)
+    assert d.verdict == "inconclusive"
+    assert ev.other_killer is not None and "ephemeral-storage" in ev.other_killer
+
+
+def test_an_eviction_for_memory_is_a_memory_kill() -> None:
+    log = describe_pod(
+        "The node was low on resource: memory. Threshold quantity: 100Mi, available: 88228Ki. Container trainer "
+        "was using 98Gi, request is 64Gi."
+    )
+    d, _ = diagnose_text(log)
+    assert d.verdict == "host_memory_limit"
+
+
+def test_a_shm_volume_over_its_size_limit_is_shm() -> None:
+    d, _ = diagnose_text(describe_pod('Usage of EmptyDir volume "dshm" exceeds the limit "32Gi".'))
+    assert d.verdict == "shm_exhausted"
+    assert any("dshm" in e.fact for e in d.evidence)
+
+
+def test_another_emptydir_over_its_size_limit_is_not_shm() -> None:
+    d, _ = diagnose_text(
+        describe_pod(
+            'Usage of EmptyDir volume "scratch" exceeds the limit "100Gi".',
+            "\n      /scratch from scratch (rw)",
+        )
+    )
+    assert d.verdict == "inconclusive"
+    assert "shm_exhausted" not in d.candidates
+
+
+def test_torchrun_killing_a_hung_rank_is_not_the_kernel() -> None:
+    tail = (
+        "WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 30102 closing signal SIGTERM\n"
+        "WARNING:torch.distributed.elastic.multiprocessing.api:Unable to shutdown process 30102 via "
+        "Signals.SIGTERM, forcefully exiting via Signals.SIGKILL\n"
+        "/bin/sh: line 1: 30102 Killed                  python train.py\n"
+    )
+    d, _ = diagnose_text(TRACEBACK + NEIGHBOUR_OOM + "\n" + tail)
+    assert d.verdict == "other_process"
+    # the same shell line with nothing else naming a sender stays the kernel's kill
+    d, _ = diagnose_text(steps(1, 5) + "/bin/sh: line 1: 30102 Killed                  python train.py\n")
+    assert d.verdict == "host_memory_limit"
+
+
+def test_rays_memory_monitor_is_a_host_memory_kill() -> None:
+    log = (
+        "(TorchTrainer pid=14301, ip=10.2.0.14) Started distributed worker processes:\n"
+        "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.\n"
+        "Memory on the node (IP: 10.2.0.14, ID: 5f0a8c) where the task (actor ID: 9a1c, name=RayTrainWorker."
+        "__init__, pid=14402, memory used=41.27GB) was running was 119.71GB / 125.80GB (0.951597), which exceeds "
+        "the memory usage threshold of 0.95. Ray killed this worker (ID: 4b2e) because it was the most recently "
+        "scheduled task.\n"
+    )
+    d, _ = diagnose_text(log)
+    assert d.verdict == "host_memory_limit"
+    assert any("Ray's memory monitor" in e.fact for e in d.evidence)
+
+
+# ------------------------------------------------------------------ inputs that are not a log
+
+
+def test_an_empty_log_is_an_input_error(tmp_path: Path) -> None:
+    for name, data in (("empty.log", b""), ("blank.log", b"  \n\n\t\n")):
+        p = tmp_path / name
+        p.write_bytes(data)
+        r = run_cli("diagnose", str(p))
+        assert r.returncode == 2
+        assert b"empty" in r.stderr and b"Traceback" not in r.stderr
+
+
+def test_nul_padding_in_a_log_is_dropped_and_binary_is_still_refused(tmp_path: Path) -> None:
+    padded = tmp_path / "rotated.log"
+    padded.write_bytes(b"\x00" * 8192 + (TRACEBACK + NEIGHBOUR_OOM + "\n").encode())
+    r = run_cli("diagnose", str(padded), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["verdict"] == "other_process"
+    binary = tmp_path / "snap.pickle"
+    binary.write_bytes(bytes(range(256)) * 64)
+    r = run_cli("diagnose", str(binary))
+    assert r.returncode == 2 and b"binary data" in r.stderr
+
+
+def test_a_batch_size_below_one_is_refused(tmp_path: Path) -> None:
+    p = tmp_path / "crash.log"
+    p.write_text(TRACEBACK + OWN_OOM + "\n")
+    for bad in ("0", "-8", "abc"):
+        r = run_cli("diagnose", str(p), "--batch-size", bad)
+        assert r.returncode == 2
+        assert b"--batch-size" in r.stderr and b"Traceback" not in r.stderr
