@@ -6,7 +6,7 @@ small pool, larger ones from the large pool). Blocks are split and merged only i
 When no cached block is large enough it asks the device for a new segment; if the device refuses, it
 releases cached segments that are entirely free and retries. Free pieces inside segments that still
 hold live blocks cannot be released: when the request is larger than the largest such piece but
-smaller than their sum (plus what the device still has free), the memory exists and the OOM is
+smaller than their sum plus what the device still has free, the memory exists and the OOM is
 fragmentation — typical of variable sequence lengths and interleaved long-lived/short-lived tensors.
 
 The torch hint ("try expandable_segments") is printed whatever the settings; when
@@ -44,15 +44,16 @@ def evaluate(ev: Evidence) -> Finding | None:
         return None
     free = ev.device_free_bytes or 0
     limit = ev.limit_bytes or (ev.reserved_bytes or 0) + free
-    if ru < req:
-        return None  # not enough cached memory to have served the request: not fragmentation
+    if ru + free < req:
+        # the cached free memory and the device's free memory together could not have served the request
+        return None
     usable_waste = ev.free_in_pool_bytes if ev.has_snapshot and ev.free_in_pool_bytes is not None else ru
     small_waste = bool(limit) and usable_waste < MIN_WASTE_FRACTION * limit
     f = Finding(rule=ID, verdict=VERDICT, score=CANDIDATE)
     f.values.update({"request_bytes": req, "free_in_reserved_bytes": ru, "device_free_bytes": free})
     largest = ev.largest_free_block_bytes if ev.has_snapshot else None
     pool_free = ev.free_in_pool_bytes if ev.has_snapshot else None
-    if pool_free is not None and pool_free < req:
+    if pool_free is not None and pool_free + free < req:
         # the cached memory sits in another pool or stream: the request could not use it even if packed
         return None
     if largest is not None:
@@ -65,10 +66,20 @@ def evaluate(ev: Evidence) -> Finding | None:
                 "so the layout did not cause this OOM."
             )
             return None
-        f.facts.append(
-            f"{human(pool_free or ru)} was reserved but free{pool}, yet its largest free block was {human(largest)}, "
-            f"smaller than the {human(req)} requested; the device had {human(free)} free."
-        )
+        held = pool_free if pool_free is not None else ru
+        if held >= req:
+            f.facts.append(
+                f"{human(held)} was reserved but free{pool}, yet its largest free block was {human(largest)}, "
+                f"smaller than the {human(req)} requested; the device had {human(free)} free."
+            )
+        else:
+            # the holes and the device's free memory together would have served it: the device could not
+            # give one piece that large, and the holes cannot be released while live blocks pin their segments
+            f.facts.append(
+                f"{human(held)} was reserved but free{pool} in holes no larger than {human(largest)}, and the "
+                f"device had {human(free)} free: together enough for the {human(req)} requested, but in no "
+                "single piece (packed, or with expandable segments, it would have fitted)."
+            )
         f.score = STRONG
     else:
         f.facts.append(
@@ -83,7 +94,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.facts.append(
             "Live memory grew step after step: the holes are a symptom of the growth, not its cause."
         )
-        f.score = min(f.score - 0.25, LEAD)
+        f.score = min(f.score - 0.25, POSSIBLE)
     if ev.batch_grew_from:
         f.facts.append("The batch size grew just before the OOM: the demand changed, not the layout.")
         f.score -= 0.3

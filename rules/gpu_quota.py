@@ -70,6 +70,12 @@ def evaluate(ev: Evidence) -> Finding | None:
             f.missing.append("the OOM message's numbers or the collector's device record for the slice")
         if ev.declared_total_bytes and total and ev.declared_total_bytes > total * 1.05:
             s = STRONG
+        elif ev.declared_total_bytes and total:
+            # the job was promised this slice's size: the slice is what it asked for, not a limit below it
+            f.facts.append(
+                f"The job was declared for {human(ev.declared_total_bytes)}: the slice is the size it asked for."
+            )
+            s = CANDIDATE
         f.score = max(f.score, s)
         f.actions.append(
             f"Request a larger MIG profile than {ev.mig_profile} (or a full GPU) in the pod's resources, "

@@ -264,7 +264,7 @@ def evaluate(ev: Evidence) -> Finding | None:
             f.score = LIKELY
     if ev.has_snapshot and ev.largest_free_block_bytes is not None and ev.request_bytes is not None:
         ru = ev.reserved_unallocated_bytes or 0
-        if ru < ev.request_bytes:
+        if needed is not None and usable is not None and needed > usable and ru < ev.request_bytes:
             f.facts.append(
                 f"Only {human(ru)} of the reservation was free: caching did not hide the memory it needed."
             )
@@ -288,12 +288,28 @@ def evaluate(ev: Evidence) -> Finding | None:
         and ev.request_bytes is not None
         and ev.free_in_pool_bytes is not None
         and ev.largest_free_block_bytes is not None
-        and ev.free_in_pool_bytes >= ev.request_bytes > ev.largest_free_block_bytes
+        and ev.request_bytes > ev.largest_free_block_bytes
     ):
-        f.facts.append(
-            f"{human(ev.free_in_pool_bytes)} was free in the request's own pool: packed, it would have fitted."
-        )
-        f.score -= 0.2
+        if ev.free_in_pool_bytes >= ev.request_bytes:
+            f.facts.append(
+                f"{human(ev.free_in_pool_bytes)} was free in the request's own pool: packed, it would have fitted."
+            )
+            f.score -= 0.2
+        elif (
+            not early
+            and needed is not None
+            and usable is not None
+            and needed <= usable
+            and ev.free_in_pool_bytes + (ev.device_free_bytes or 0) >= ev.request_bytes
+        ):
+            # the holes and the device's free memory together held the request: this allocation failed on
+            # the layout; whether the rest of the step fits is not known
+            f.facts.append(
+                f"{human(ev.free_in_pool_bytes)} free in the pool's holes and {human(ev.device_free_bytes or 0)} "
+                f"free on the device would, packed, have held the {human(ev.request_bytes)} request: the step "
+                "had not outgrown the device when it failed."
+            )
+            f.score = min(f.score, LEAD)
     grown = ev.batch_grew_from
     if grown:
         f.facts.append(

@@ -146,7 +146,9 @@ def _headline(ev: Evidence, d: Diagnosis, top: Finding | None) -> str:
 def _details(ev: Evidence, findings: list[Finding]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "kind": ev.kind,
-        "findings": [{"rule": f.rule, "verdict": f.verdict, "score": round(f.score, 3)} for f in findings],
+        "findings": [
+            {"rule": f.rule, "verdict": f.verdict, "score": round(max(0.0, f.score), 3)} for f in findings
+        ],
         "device": {
             "index": ev.device,
             "name": ev.device_name or None,

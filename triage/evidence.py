@@ -1031,7 +1031,8 @@ def _is_cycle(tl: DeviceTimeline, a: int, c: int) -> bool:
     """Whether a training step ended between two survivors allocated at entries a and c.
 
     Far more was allocated in between than was kept (at least 4x the net growth), and either live
-    memory fell below its level from before ``a`` (what was allocated around ``a`` was freed again), or
+    memory fell below its level from before ``a`` (what was allocated around ``a`` was freed again) and
+    rose back to it by ``c``, or
     it rose and came back down to within a quarter of the rise (``a`` was made at the step's low point,
     the top of the loop): a whole forward/backward came and went. Inside one forward pass the saved
     activations make the net growth a large part of what is allocated and memory does not come back
@@ -1048,7 +1049,9 @@ def _is_cycle(tl: DeviceTimeline, a: int, c: int) -> bool:
     if volume < 4 * max(net, 1):
         return False
     if tl.min_level_between(a + 1, c) < level_a - s:
-        return True
+        # ... and came back up before ``c``: the next step's forward. Inside one backward pass memory falls
+        # layer by layer (saved activations freed as gradients are made) and does not come back
+        return net >= -s
     # made at the step's low point (the top of the loop): nothing live at ``a`` is freed later, so memory
     # cannot fall below it; the step shows as a rise that came all the way back down before ``c``
     rise = tl.max_level_between(a + 1, c) - level_a

@@ -28,3 +28,42 @@ def one_block_segment(device: int, address: int, size: int, frames: list[dict[st
         "frames": [],
         "blocks": [block],
     }
+
+
+MiB = 1 << 20
+ACT = [{"filename": "/w/model.py", "line": 12, "name": "forward"}]
+KEEP = [{"filename": "/w/train.py", "line": 99, "name": "train_step"}]
+
+
+class Trace:
+    """Raw trace entries and live blocks of one device."""
+
+    def __init__(self, device: int) -> None:
+        self.device = device
+        self.entries: list[dict[str, Any]] = []
+        self.live: dict[int, tuple[int, list[dict[str, Any]]]] = {}
+        self.addr = (device + 1) << 40
+
+    def alloc(self, size: int, frames: list[dict[str, Any]]) -> int:
+        self.addr += 1 << 30
+        self.entries.append(
+            {"action": "alloc", "addr": self.addr, "size": size, "stream": 0, "frames": frames}
+        )
+        self.live[self.addr] = (size, frames)
+        return self.addr
+
+    def free(self, addr: int) -> None:
+        size, frames = self.live.pop(addr)
+        for action in ("free_requested", "free_completed"):
+            self.entries.append({"action": action, "addr": addr, "size": size, "stream": 0, "frames": frames})
+
+    def step(self, acts: int, keep: int | None) -> int | None:
+        """One step: ``acts`` activations of 256 MiB made and freed; ``keep`` bytes kept from user code."""
+        made = [self.alloc(256 * MiB, ACT) for _ in range(acts)]
+        kept = self.alloc(keep, KEEP) if keep else None
+        for a in reversed(made):
+            self.free(a)
+        return kept
+
+    def segments(self) -> list[dict[str, Any]]:
+        return [one_block_segment(self.device, a, size, fr) for a, (size, fr) in self.live.items()]
