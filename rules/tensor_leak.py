@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rules.base import CANDIDATE, LEAD, LIKELY, STRONG, Finding
-from triage.evidence import trace_cycles
+from triage.evidence import LATE_RISES, trace_cycles
 from triage.units import GiB, MiB, human
 
 if TYPE_CHECKING:
@@ -47,7 +47,6 @@ STOPPED_STEPS = 4  # steps without a new survivor (and 3x the site's own pace) b
 MAX_FREED_FRACTION = 0.25  # more of the site's trace allocations freed than this: a bounded cache
 MIN_RISING_FRACTION = 0.7
 MIN_GROWTH_FRACTION = 0.05  # of the device limit
-LATE_RISES = 8  # consecutive rising steps up to the OOM that make a leak, however flat the steps before
 BOUNDED = 0.4  # survivors that behave like a bounded cache (flat steps, filled and stopped, turning over)
 
 

@@ -24,7 +24,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from rules.base import CANDIDATE, LEAD, LIKELY, POSSIBLE, STRONG, Finding
-from triage.evidence import CUDA_CONTEXT_MAX
+from triage.evidence import CUDA_CONTEXT_MAX, LATE_RISES
 from triage.units import GiB, human
 
 if TYPE_CHECKING:
@@ -235,6 +235,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         trend is not None
         and trend.steps >= 3
         and (trend.plateaued or (trend.rising_fraction < 0.5 and not trend.staircase))
+        and trend.tail_rises < LATE_RISES  # flat, then up at every step to the OOM: a leak that began late
     )
     if needed is not None and usable is not None:
         f.facts.append(

@@ -53,6 +53,7 @@ _RE_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):(?:\n[^\n]*)
 # lines of training progress after a log's CUDA OOM that show the job went on after it: other ranks print
 # at most a step or two before they block in the next collective
 PROGRESS_AFTER_OOM = 10
+LATE_RISES = 8  # consecutive rising steps up to the OOM that make a leak, however flat the steps before
 TRACE_MIN_CYCLES = 4  # cycles of live memory in a trace before they are read as steps
 RECENT_BATCH_STEPS = 2  # a batch that grew this many completed steps before the OOM still explains it
 SMALL_POOL_MAX = 1 * MiB
@@ -214,15 +215,18 @@ class Survivors:
     gaps: int
     freed_at_site: int  # allocations at this site in the trace that were freed again
     freed_after_first: int = 0  # of those, made after the site's first survivor (interleaved, not evicted)
+    evicted_meanwhile: bool = True  # an older one was freed after the first survivor was made (eviction)
 
     @property
     def evicted_like_a_cache(self) -> bool:
-        """A bounded cache frees its *oldest* entries: what was freed came before every survivor. A
-        leak that keeps every other step's tensor interleaves freed and kept allocations instead."""
+        """A bounded cache frees its *oldest* entries: what was freed came before every survivor, and
+        it is freed as new entries come in, while the survivors are alive. A leak that keeps every other
+        step's tensor interleaves freed and kept allocations instead; a leak that began late freed its
+        earlier tensors in their own steps, before it kept the first one."""
         allocs = max(self.stats.allocs_in_trace, self.stats.traced)
         if not allocs or self.freed_at_site <= 0.25 * allocs:
             return False
-        return self.freed_after_first <= 0.1 * self.freed_at_site
+        return self.freed_after_first <= 0.1 * self.freed_at_site and self.evicted_meanwhile
 
     @property
     def site(self) -> Site:
@@ -1010,8 +1014,24 @@ def _survivors(ev: Evidence) -> None:
                 by_site.update(_allocs_by_site(ev))
             alive = set(idx)
             after = sum(1 for i in by_site.get((dev, st.site), []) if i > idx[0] and i not in alive)
-        ev.survivors.append(Survivors(st, cycles, len(idx) - 1, freed, after))
+        sv = Survivors(st, cycles, len(idx) - 1, freed, after)
+        if sv.evicted_like_a_cache:
+            sv.evicted_meanwhile = _freed_after(tl, by_site.get((dev, st.site), []), idx[0])
+        ev.survivors.append(sv)
     ev.survivors.sort(key=lambda s: (-s.cycles, -s.stats.bytes))
+
+
+def _freed_after(tl: DeviceTimeline, allocs: list[int], first: int) -> bool:
+    """Whether a block the site allocated before entry ``first`` (its first survivor) was freed after it."""
+    mine = {i for i in allocs if i < first}
+    held: dict[Any, bool] = {}  # address -> its current block was one of ``mine``
+    for i, e in enumerate(tl.raw):
+        action = e.get("action")
+        if action == "alloc":
+            held[e.get("addr")] = i in mine
+        elif action == "free_requested" and held.pop(e.get("addr"), False) and i > first:
+            return True
+    return False
 
 
 def _allocs_by_site(ev: Evidence) -> dict[tuple[int, Site], list[int]]:

@@ -88,3 +88,39 @@ def test_a_cache_that_evicts_is_not_a_leak(capacity: int | None, leak_verdict: b
     assert f is not None
     assert any("a cache that evicts" in s for s in f.facts) is not leak_verdict
     assert (d.verdict == "tensor_leak") is leak_verdict
+
+
+def _fifo_or_late_leak(late: bool, steps: int = 20) -> dict[str, Any]:
+    """``late``: the line's tensor is dropped at the end of every step for 11 steps, then kept at every step
+    (a logging callback turned on after the first evaluation). Otherwise the line fills a queue of 9 and
+    evicts its oldest entry from then on (a FIFO of recent outputs)."""
+    t = Trace(0)
+    queue: list[int] = []
+    for k in range(steps):
+        made = [t.alloc(256 * MiB, ACT) for _ in range(4)]
+        out = t.alloc(64 * MiB, KEEP)
+        if late:
+            if k < steps - 9:
+                t.free(out)
+        else:
+            queue.append(out)
+            if len(queue) > 9:
+                t.free(queue.pop(0))
+        for a in reversed(made):
+            t.free(a)
+    t.entries.append(
+        {"action": "oom", "addr": 0, "size": 1 << 30, "stream": 0, "device_free": 0, "frames": ACT}
+    )
+    return {"segments": t.segments(), "device_traces": [t.entries]}
+
+
+@pytest.mark.parametrize("late", [True, False])
+def test_a_leak_that_began_late_is_not_a_cache_that_evicted(late: bool) -> None:
+    """Both end with the line's 9 newest tensors alive and its older ones freed before the first of them
+    was made. The FIFO freed an old entry each time it kept a new one, while the 9 were alive; the late
+    leak freed its earlier tensors in their own steps, before it kept any."""
+    snap = normalise(_fifo_or_late_leak(late), source="test", shared_frames=False)
+    _, ev = diagnose_snapshot(snap)
+    kept = next(s for s in ev.survivors if s.stats.site.line == 99)
+    assert kept.stats.count == 9 and kept.cycles >= 8
+    assert kept.evicted_like_a_cache is not late
