@@ -554,6 +554,8 @@ def build_evidence(
     _snapshot_facts(ev)
     _processes(ev)
     _workload(ev, batch_size)
+    if text and ev.trend is None and not ev.steps:
+        _log_samples(ev, text, from_log)
     if ev.trend is None and not ev.has_frames:
         # without stacks the trace cannot name surviving sites; its cycles still show what each step kept
         _trace_trend(ev)
@@ -865,6 +867,30 @@ def _workload(ev: Evidence, batch_size: int | None) -> None:
     if isinstance(tl, list):
         ev.steps = _step_samples(tl)
         ev.trend = _phase_trend(ev.steps)
+
+
+MIN_LOG_SAMPLES = 4  # memory prints in a log before they are read as the job's steps
+
+
+def _log_samples(ev: Evidence, text: str, from_log: set[int]) -> None:
+    """The live memory the log printed at its steps (DeepSpeed's see_memory_usage, a loop printing
+    ``torch.cuda.memory_allocated()``), up to the failure, read as the collector's step samples."""
+    from triage.messages import memory_samples
+
+    m = ev.message
+    mine = m is not None and id(m) in from_log
+    until = m.line_no if mine and m is not None else None
+    samples = memory_samples(text, m.rank if mine and m is not None else None, until)
+    if len(samples) < MIN_LOG_SAMPLES:
+        return
+    ev.steps = _step_samples(samples)
+    ev.trend = _phase_trend(ev.steps)
+    if ev.trend is not None:
+        ev.notes.append(
+            f"Live memory per step is read from the log's own prints ({len(samples)} samples, steps "
+            f"{ev.steps[0].step}–{ev.steps[-1].step}: {human(ev.steps[0].allocated_bytes)} → "
+            f"{human(ev.steps[-1].allocated_bytes)})."
+        )
 
 
 def _phase_trend(ss: Sequence[StepSample]) -> StepTrend | None:

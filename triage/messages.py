@@ -58,6 +58,12 @@ evidence of one event is folded into one message: an ``exit code 137`` or SIGKIL
 A ``vgpu`` line stays its own entry and also fills ``vgpu_*`` of the next torch CUDA OOM of the same
 rank within ``VGPU_ATTACH_LINES``.
 
+Two more readings of a whole log: ``went_on_after`` counts the training-progress lines (``step 120 |
+loss …``) a rank printed after an error, and the fatal error it died of later, so a caught OOM is not taken
+for the failure; ``memory_samples`` reads the live GPU memory a loop printed at its steps (DeepSpeed's
+``see_memory_usage``, ``torch.cuda.memory_allocated()`` under any name that says allocated, never a max or a
+peak), which stand in for the collector's step samples when a log is all there is.
+
 Every pattern is anchored or bounded, and the text of a message is capped at ``MAX_TEXT`` characters,
 so the parse is linear in the input and never raises on arbitrary text.
 """
@@ -78,6 +84,7 @@ __all__ = [
     "VGPU_ATTACH_LINES",
     "OomMessage",
     "ProcessUsage",
+    "memory_samples",
     "non_pytorch_bytes",
     "parse_message",
     "parse_messages",
@@ -914,6 +921,81 @@ def went_on_after(text: str, line_no: int, rank: int | None = None) -> tuple[int
             progress += 1
             fatal = None  # an error the process went on after is not its last
     return progress, fatal
+
+
+# What a training loop prints of its live GPU memory, per step: DeepSpeed's ``see_memory_usage`` ("MA 21.3 GB
+# Max_MA 27.4 GB CA …", GiB printed as GB), and ``torch.cuda.memory_allocated()`` printed under any name that
+# says allocated (``mem_allocated 14.2 GiB``, ``memory_allocated()=9663676416``) — not a max or peak value.
+_RE_DS_MA = re.compile(r"(?<![\w])MA (\d{1,9}(?:\.\d{1,6})?) ?GB\s{1,40}Max_MA (\d{1,9}(?:\.\d{1,6})?) ?GB")
+_RE_ALLOCATED = re.compile(
+    r"(?<![\w.])((?:[A-Za-z_]{1,40}[._]){0,4}allocated(?:_bytes(?:\.all\.current)?)?(?:\(\))?)"
+    r"['\"]?\s{0,3}[:=]?\s{0,3}(\d{1,20}(?:\.\d{1,6})?)\s{0,2}(GiB|MiB|KiB|GB|MB|KB|G|M|bytes|B)?(?![\w])",
+    re.IGNORECASE,
+)
+_RE_PEAK_WORD = re.compile(r"max|peak", re.IGNORECASE)
+_RE_STEP_NO = re.compile(
+    r"(?<![\w])(?:global_step|step|iter(?:ation)?|it)(?![\w])[\s:=#\[]{0,3}(\d{1,9})", re.IGNORECASE
+)
+_SHORT_UNITS = {"G": "GIB", "M": "MIB"}
+MIN_SIZED_BYTES = 1 << 20  # a bare number below this is not a byte count of GPU memory
+
+
+def memory_samples(text: str, rank: int | None = None, until: int | None = None) -> list[dict[str, int]]:
+    """The live GPU memory a log printed at each step, oldest first: ``{"step", "allocated_bytes",
+    "peak_allocated_bytes"}`` (the peak only when printed beside it). Lines up to line ``until`` (1-based),
+    of ``rank`` or without a rank prefix; a step number from the line or the three lines before it."""
+    out: list[dict[str, int]] = []
+    lines = text.split("\n")
+    for i, raw in enumerate(lines[: until if until is not None else len(lines)]):
+        if "llocated" not in raw and "MA " not in raw:
+            continue
+        ln = _strip_line(raw)
+        if rank is not None and ln.g is not None and ln.g != rank:
+            continue
+        content = ln.content
+        if "out of memory" in content or "allocate " in content or "allocate=" in content:
+            continue
+        sample = _sample_on(content)
+        if sample is None:
+            continue
+        step = None
+        for j in range(i, max(-1, i - 4), -1):
+            m = _RE_STEP_NO.search(content if j == i else _strip_line(lines[j]).content)
+            if m:
+                step = int(m.group(1))
+                break
+        if step is None or (out and step <= out[-1]["step"]):
+            step = out[-1]["step"] + 1 if out else 0  # unnumbered or repeated: in the order printed
+        sample["step"] = step
+        out.append(sample)
+    return out
+
+
+def _sample_on(content: str) -> dict[str, int] | None:
+    m = _RE_DS_MA.search(content)
+    if m:
+        return {
+            "allocated_bytes": parse_size(m.group(1), "GiB"),
+            "peak_allocated_bytes": parse_size(m.group(2), "GiB"),
+        }
+    current: int | None = None
+    peak: int | None = None
+    for m in _RE_ALLOCATED.finditer(content):
+        unit = m.group(3)
+        if unit is None:
+            value = float(m.group(2))
+            if value < MIN_SIZED_BYTES:
+                continue
+            size = int(value)
+        else:
+            size = parse_size(m.group(2), _SHORT_UNITS.get(unit, unit))
+        if _RE_PEAK_WORD.search(m.group(1)):
+            peak = peak if peak is not None else size
+        elif current is None:
+            current = size
+    if current is None:
+        return None
+    return {"allocated_bytes": current, "peak_allocated_bytes": max(current, peak or 0)}
 
 
 def _key(m: OomMessage) -> tuple[object, ...]:

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import run_cli
 from triage.evidence import PROGRESS_AFTER_OOM
-from triage.messages import went_on_after
+from triage.messages import memory_samples, went_on_after
 from triage.pipeline import diagnose_text
 
 NEIGHBOUR_OOM = (
@@ -255,3 +255,62 @@ def test_a_batch_size_below_one_is_refused(tmp_path: Path) -> None:
         r = run_cli("diagnose", str(p), "--batch-size", bad)
         assert r.returncode == 2
         assert b"--batch-size" in r.stderr and b"Traceback" not in r.stderr
+
+
+# ------------------------------------------------------------------ live memory the log printed per step
+
+
+def deepspeed_log(ma_gib: list[float]) -> str:
+    out = []
+    for k, ma in enumerate(ma_gib):
+        out.append(f"[2024-05-14 10:03:11,201] [INFO] [utils.py:781:see_memory_usage] after step {20 * k}")
+        out.append(
+            f"[2024-05-14 10:03:11,202] [INFO] [utils.py:782:see_memory_usage] MA {ma:.2f} GB         "
+            f"Max_MA {ma + 6:.2f} GB         CA {ma + 7:.2f} GB         Max_CA {ma + 8:.0f} GB "
+        )
+    return "\n".join(out) + "\n" + TRACEBACK + OWN_OOM + "\n"
+
+
+@pytest.mark.parametrize(
+    ("ma", "verdict"), [([21.3 + 2.35 * k for k in range(20)], "tensor_leak"), ([21.3] * 20, None)]
+)
+def test_deepspeed_memory_prints_are_the_steps(ma: list[float], verdict: str | None) -> None:
+    d, ev = diagnose_text(deepspeed_log(ma))
+    assert len(ev.steps) == 20 and ev.steps[1].step == 20
+    assert ev.steps[0].peak_allocated_bytes - ev.steps[0].allocated_bytes == 6 * 1024**3
+    if verdict:
+        assert d.verdict == verdict
+    else:
+        assert d.verdict != "tensor_leak" and "tensor_leak" not in d.candidates[:1]
+
+
+def test_memory_allocated_printed_in_bytes_is_read_and_peaks_are_not_current() -> None:
+    lines = [
+        f"[it {10 * k}] loss=1.83 torch.cuda.max_memory_allocated()={40_000_000_000} "
+        f"torch.cuda.memory_allocated()={9_663_676_416 + k * 67_108_864}"
+        for k in range(300)
+    ]
+    samples = memory_samples("\n".join(lines))
+    assert len(samples) == 300
+    assert samples[0] == {"step": 0, "allocated_bytes": 9_663_676_416, "peak_allocated_bytes": 40_000_000_000}
+    d, _ = diagnose_text("\n".join(lines) + "\n" + TRACEBACK + OWN_OOM + "\n")
+    assert d.verdict == "tensor_leak"
+
+
+def test_what_is_not_a_memory_sample() -> None:
+    assert memory_samples("step 4 | peak_allocated 30 GiB | max_mem_allocated 31 GiB") == []
+    assert memory_samples("GPU 0; 79.15 GiB total capacity; 76.10 GiB already allocated; 1.2 GiB free") == []
+    assert memory_samples(OWN_OOM) == []
+    assert memory_samples("epoch 3 allocated=512") == []  # a bare count, not bytes
+    # three prints are not enough to be the job's steps
+    d, ev = diagnose_text(deepspeed_log([20.0, 30.0, 40.0]))
+    assert not ev.steps and d.verdict == "inconclusive"
+
+
+def test_only_the_failing_ranks_prints_count() -> None:
+    other = "\n".join(f"[rank1]: step {k} mem_allocated {10 + k} GiB" for k in range(30))
+    mine = "\n".join(f"[rank0]: step {k} mem_allocated 10 GiB" for k in range(30))
+    d, ev = diagnose_text(other + "\n" + mine + "\n[rank0]: " + OWN_OOM + "\n")
+    assert ev.message is not None and ev.message.rank == 0
+    assert ev.steps and {s.allocated_bytes for s in ev.steps} == {10 * 1024**3}
+    assert d.verdict != "tensor_leak"
