@@ -47,6 +47,7 @@ STOPPED_STEPS = 4  # steps without a new survivor (and 3x the site's own pace) b
 MAX_FREED_FRACTION = 0.25  # more of the site's trace allocations freed than this: a bounded cache
 MIN_RISING_FRACTION = 0.7
 MIN_GROWTH_FRACTION = 0.05  # of the device limit
+EARLY_STEP = 1  # a job at this step or before has had no time to leak across steps
 BOUNDED = 0.4  # survivors that behave like a bounded cache (flat steps, filled and stopped, turning over)
 
 
@@ -295,7 +296,15 @@ def evaluate(ev: Evidence) -> Finding | None:
                 f"{human(ev.request_bytes or 0)} request."
             )
         steady = trend is not None and trend.rising_fraction >= 0.9 and not trend.plateaued
-        if trend_growing or (steady and f.score >= STRONG):
+        if ev.step is not None and ev.step <= EARLY_STEP and not trend_growing:
+            # the job says it was in its first steps: what the trace shows as steps were the layers of one
+            # forward pass, or the micro-steps of one optimizer step
+            f.facts.append(
+                f"But the job was at step {ev.step}: the trace's {leak.cycles + 1} rounds at this site are "
+                "passes within its first steps, not a leak over many."
+            )
+            f.score = min(f.score, LEAD)
+        elif trend_growing or (steady and f.score >= STRONG):
             f.score = 0.95
         elif trend_flat and not steady:
             f.score = min(f.score, BOUNDED)

@@ -53,6 +53,8 @@ _RE_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):(?:\n[^\n]*)
 # lines of training progress after a log's CUDA OOM that show the job went on after it: other ranks print
 # at most a step or two before they block in the next collective
 PROGRESS_AFTER_OOM = 10
+# a step ended between two survivors only if live memory swung by this share of the trace's largest fall
+STEP_SWING_SHARE = 0.5
 LATE_RISES = 8  # consecutive rising steps up to the OOM that make a leak, however flat the steps before
 TRACE_MIN_CYCLES = 4  # cycles of live memory in a trace before they are read as steps
 RECENT_BATCH_STEPS = 2  # a batch that grew this many completed steps before the OOM still explains it
@@ -1024,6 +1026,7 @@ def _survivors(ev: Evidence) -> None:
     back below the level it had when the earlier one was made (that step's activations were freed)."""
     by_dev = {t.device: t for t in ev.timelines}
     by_site: dict[tuple[int, Site], list[int]] = {}
+    swings: dict[int, int] = {}
     for st in ev.sites:
         if st.traced < 3 or st.site.kind in ("native", "unknown"):
             continue  # blocks without a stack are not one site: their survival proves nothing together
@@ -1032,7 +1035,10 @@ def _survivors(ev: Evidence) -> None:
         if tl is None or not tl.levels:
             continue
         idx = st.alloc_indices
-        cycles = sum(1 for a, c in itertools.pairwise(idx) if _is_cycle(tl, a, c))
+        swing = swings.get(dev)
+        if swing is None:
+            swing = swings[dev] = _step_swing(tl)
+        cycles = sum(1 for a, c in itertools.pairwise(idx) if _is_cycle(tl, a, c, swing))
         freed = max(0, st.allocs_in_trace - st.traced)
         after = 0
         if freed and idx:
@@ -1073,7 +1079,20 @@ def _allocs_by_site(ev: Evidence) -> dict[tuple[int, Site], list[int]]:
     return out
 
 
-def _is_cycle(tl: DeviceTimeline, a: int, c: int) -> bool:
+def _step_swing(tl: DeviceTimeline) -> int:
+    """How far live memory falls in one step of this trace: its largest fall from a high (the backward
+    pass freeing the step's saved activations). Unlike the trace's range, a leak's growth across steps
+    does not change it; a trace without a backward has only its temporaries' falls."""
+    high = fall = 0
+    for v in tl.levels:
+        if v > high:
+            high = v
+        elif high - v > fall:
+            fall = high - v
+    return fall
+
+
+def _is_cycle(tl: DeviceTimeline, a: int, c: int, swing: int = 0) -> bool:
     """Whether a training step ended between two survivors allocated at entries a and c.
 
     Far more was allocated in between than was kept (at least 4x the net growth), and either live
@@ -1082,10 +1101,14 @@ def _is_cycle(tl: DeviceTimeline, a: int, c: int) -> bool:
     it rose and came back down to within a quarter of the rise (``a`` was made at the step's low point,
     the top of the loop): a whole forward/backward came and went. Inside one forward pass the saved
     activations make the net growth a large part of what is allocated and memory does not come back
-    down, so layer after layer of the same line does not count as steps.
+    down, so layer after layer of the same line does not count as steps; and between two steps' survivors
+    live memory swings by at least half of what one step swings (``swing``), where between two layers of
+    one forward it swings only by that layer's temporaries (``swing``: the trace's largest fall).
     """
     if c - a < 3:
         return False
+    if tl.max_level_between(a + 1, c) - tl.min_level_between(a + 1, c) < STEP_SWING_SHARE * swing:
+        return False  # a layer's temporaries rose and fell, not a step's forward and backward
     e = tl.raw[a]
     size = e.get("size", 0)
     s = size if isinstance(size, int) else 0
