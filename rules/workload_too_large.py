@@ -35,6 +35,10 @@ VERDICT = "workload_too_large"
 OWNER = "algorithm"
 
 EARLY_STEPS = 2  # an OOM in the first steps: nothing had time to leak
+UNLIKE_EARLIER = 1.25  # a step that wants this much more than every earlier step's peak is a new demand
+MINOR_WASTE = (
+    0.05  # cached free memory below this share of what the job may hold strands too little to matter
+)
 
 
 def usable_bytes(ev: Evidence) -> int | None:
@@ -223,6 +227,36 @@ def _fixed_from_trace(ev: Evidence) -> int:
     return max(0, low + tl.start_allocated)
 
 
+def _stranded(ev: Evidence, needed: int | None, usable: int | None) -> str | None:
+    """A sentence when the job's live memory plus the request fitted what it could hold, and the request
+    failed only because its cached free memory sat where it could not serve it: in holes smaller than the
+    request (with the device's free memory, enough packed) or in another stream's or pool's segments that
+    live blocks keep from being released."""
+    req = ev.request_bytes
+    largest = ev.largest_free_block_bytes
+    if not ev.has_snapshot or req is None or largest is None or largest >= req:
+        return None
+    if needed is None or usable is None or needed > usable:
+        return None
+    free = ev.device_free_bytes or 0
+    pool = ev.free_in_pool_bytes
+    ru = ev.reserved_unallocated_bytes or 0
+    if ru < MINOR_WASTE * usable:
+        return None  # too little was stranded to have decided anything but this one allocation
+    if pool is not None and pool < req and pool + free >= req:
+        return (
+            f"{human(pool)} free in the pool's holes and {human(free)} free on the device would, packed, "
+            f"have held the {human(req)} request: the step had not outgrown the device when it failed."
+        )
+    if ru >= req and (pool is None or pool < req):
+        return (
+            f"{human(ru)} of the reservation was free but in other streams' or pools' segments that live "
+            f"blocks keep from being released, or in holes too small: the {human(req)} request had the "
+            "memory, not where it could use it; the step had not outgrown the device when it failed."
+        )
+    return None
+
+
 def evaluate(ev: Evidence) -> Finding | None:
     if not ev.is_cuda_oom:
         return None
@@ -290,27 +324,12 @@ def evaluate(ev: Evidence) -> Finding | None:
         and ev.free_in_pool_bytes is not None
         and ev.largest_free_block_bytes is not None
         and ev.request_bytes > ev.largest_free_block_bytes
+        and ev.free_in_pool_bytes >= ev.request_bytes
     ):
-        if ev.free_in_pool_bytes >= ev.request_bytes:
-            f.facts.append(
-                f"{human(ev.free_in_pool_bytes)} was free in the request's own pool: packed, it would have fitted."
-            )
-            f.score -= 0.2
-        elif (
-            not early
-            and needed is not None
-            and usable is not None
-            and needed <= usable
-            and ev.free_in_pool_bytes + (ev.device_free_bytes or 0) >= ev.request_bytes
-        ):
-            # the holes and the device's free memory together held the request: this allocation failed on
-            # the layout; whether the rest of the step fits is not known
-            f.facts.append(
-                f"{human(ev.free_in_pool_bytes)} free in the pool's holes and {human(ev.device_free_bytes or 0)} "
-                f"free on the device would, packed, have held the {human(ev.request_bytes)} request: the step "
-                "had not outgrown the device when it failed."
-            )
-            f.score = min(f.score, LEAD)
+        f.facts.append(
+            f"{human(ev.free_in_pool_bytes)} was free in the request's own pool: packed, it would have fitted."
+        )
+        f.score -= 0.2
     grown = ev.batch_grew_from
     if grown:
         f.facts.append(
@@ -318,6 +337,24 @@ def evaluate(ev: Evidence) -> Finding | None:
             "the demand changed, the memory it may use did not."
         )
         f.score = max(f.score, LIKELY) + 0.15
+    # the collector's samples, however few; else the steps the trace shows
+    peaks = [s.peak_allocated_bytes for s in ev.steps] if len(ev.steps) >= 2 else ev.earlier_peaks
+    if peaks and needed is not None and not early and not grown and needed > UNLIKE_EARLIER * max(peaks):
+        # the same batch wants far more than every earlier step: a longer input, an evaluation pass run with
+        # gradients on, or tensors kept from pass to pass inside it; the steps say nothing about which
+        f.facts.append(
+            f"At the OOM this step already wanted {human(needed)}, far more than the {human(max(peaks))} every "
+            "earlier step peaked at, with the same batch size: something in this step differs (a longer input, "
+            "an evaluation pass with gradients on, tensors kept from pass to pass)."
+        )
+        f.missing.append("what this step ran that the earlier ones did not (its input sizes, train or eval)")
+        f.score = min(f.score, LEAD)
+    stranded = _stranded(ev, needed, usable)
+    if stranded is not None and not early:
+        # the memory the request needed was in the process's hands, unusable where it sat: this allocation
+        # failed on the layout, and whether the rest of the step fits is not known
+        f.facts.append(stranded)
+        f.score = min(f.score, LEAD)
     promised = ev.promised_bytes
     if promised is not None and needed is not None and needed <= 0.9 * promised:
         f.facts.append(

@@ -447,3 +447,68 @@ def test_a_mig_slice_the_job_was_declared_for_is_not_a_quota(declared: int, quot
     )
     assert f is not None
     assert (f.score >= LIKELY) is quota
+
+
+@pytest.mark.parametrize(("stranded", "decides"), [(12 * GiB, False), (int(0.9 * GiB), True)])
+def test_too_large_is_not_proved_when_the_memory_was_stranded_on_another_stream(
+    stranded: int, decides: bool
+) -> None:
+    """11 GiB held, 0.5 GiB asked, the batch doubled: the process held 23 GiB, of which ``stranded`` sat free
+    in another stream's segment that a live block keeps from being released. 12 GiB of it is the story;
+    0.9 GiB (under 5% of what the job may hold) is not, and the doubled batch is."""
+    from triage.evidence import _step_samples
+    from triage.snapshot.model import Segment, Snapshot
+
+    seg = Segment(0, 0, 1, 0, "large", (0, 0), False, [], [])
+    samples = [
+        {"step": i, "allocated_bytes": 4 * GiB, "peak_allocated_bytes": 8 * GiB, "batch_size": 8}
+        for i in range(10)
+    ]
+    ev = cuda(
+        snapshot=Snapshot([seg], [], {}, [], era="v2"),
+        step=10,
+        batch_size=16,
+        steps=_step_samples([*samples, {"step": 10, "allocated_bytes": 4 * GiB, "batch_size": 16}]),
+        trend=trend([4 * GiB] * 10),
+        total_bytes=24 * GiB,
+        reserved_bytes=11 * GiB + stranded,
+        allocated_bytes=11 * GiB,
+        device_free_bytes=12 * GiB - stranded,
+        request_bytes=GiB // 2,
+        largest_free_block_bytes=2 * MiB,  # in the request's own pool and stream
+        free_in_pool_bytes=2 * MiB,
+    )
+    f = workload_too_large.evaluate(ev)
+    assert f is not None
+    assert (f.score >= LIKELY) is decides
+    assert any("other streams' or pools' segments" in s for s in f.facts) is not decides
+
+
+@pytest.mark.parametrize(("batch_before", "decides"), [(32, False), (8, True)])
+def test_a_step_far_above_every_earlier_one_at_the_same_batch_is_not_proved_too_large(
+    batch_before: int, decides: bool
+) -> None:
+    """Earlier steps peaked at 20 GiB; this one already wants 35 GiB. At the same batch size something in
+    the step differs (a longer input, an evaluation pass with gradients on, tensors kept inside it); after
+    the batch grew from 8 to 32, the batch is the answer."""
+    from triage.evidence import _step_samples
+
+    samples = [
+        {"step": i, "allocated_bytes": 6 * GiB, "peak_allocated_bytes": 20 * GiB, "batch_size": batch_before}
+        for i in range(6)
+    ]
+    ev = cuda(
+        step=6,
+        batch_size=32,
+        steps=_step_samples(samples),
+        trend=trend([6 * GiB] * 6),
+        total_bytes=40 * GiB,
+        reserved_bytes=35 * GiB,
+        allocated_bytes=34 * GiB,
+        device_free_bytes=100 * MiB,
+        request_bytes=GiB,
+    )
+    f = workload_too_large.evaluate(ev)
+    assert f is not None
+    assert (f.score >= LIKELY) is decides
+    assert any("with the same batch size" in s for s in f.facts) is not decides
