@@ -339,9 +339,17 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.score = max(f.score, LIKELY) + 0.15
     # the collector's samples, however few; else the steps the trace shows
     peaks = [s.peak_allocated_bytes for s in ev.steps] if len(ev.steps) >= 2 else ev.earlier_peaks
-    if peaks and needed is not None and not early and not grown and needed > UNLIKE_EARLIER * max(peaks):
-        # the same batch wants far more than every earlier step: a longer input, an evaluation pass run with
-        # gradients on, or tensors kept from pass to pass inside it; the steps say nothing about which
+    if (
+        peaks
+        and needed is not None
+        and (usable is None or needed <= usable)
+        and not early
+        and not grown
+        and needed > UNLIKE_EARLIER * max(peaks)
+    ):
+        # the same batch wants far more than every earlier step, and had not outgrown what the job could hold:
+        # a longer input, an evaluation pass run with gradients on, or tensors kept from pass to pass inside
+        # it; the steps say nothing about which
         f.facts.append(
             f"At the OOM this step already wanted {human(needed)}, far more than the {human(max(peaks))} every "
             "earlier step peaked at, with the same batch size: something in this step differs (a longer input, "
@@ -350,6 +358,17 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.missing.append("what this step ran that the earlier ones did not (its input sizes, train or eval)")
         f.score = min(f.score, LEAD)
     stranded = _stranded(ev, needed, usable)
+    before = [s.peak_allocated_bytes for s in ev.steps if s.batch_size is not None and s.batch_size <= grown]
+    if (
+        stranded is not None
+        and grown
+        and before
+        and needed is not None
+        and (ev.reserved_unallocated_bytes or 0) + (ev.device_free_bytes or 0) < needed - max(before)
+    ):
+        # after the batch grew, the stranded memory is the story only if it is more than what the bigger
+        # batch added to the step so far
+        stranded = None
     if stranded is not None and not early:
         # the memory the request needed was in the process's hands, unusable where it sat: this allocation
         # failed on the layout, and whether the rest of the step fits is not known

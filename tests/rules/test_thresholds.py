@@ -484,13 +484,16 @@ def test_too_large_is_not_proved_when_the_memory_was_stranded_on_another_stream(
     assert any("other streams' or pools' segments" in s for s in f.facts) is not decides
 
 
-@pytest.mark.parametrize(("batch_before", "decides"), [(32, False), (8, True)])
+@pytest.mark.parametrize(
+    ("batch_before", "asked", "decides"), [(32, GiB, False), (8, GiB, True), (32, 3 * GiB, True)]
+)
 def test_a_step_far_above_every_earlier_one_at_the_same_batch_is_not_proved_too_large(
-    batch_before: int, decides: bool
+    batch_before: int, asked: int, decides: bool
 ) -> None:
-    """Earlier steps peaked at 20 GiB; this one already wants 35 GiB. At the same batch size something in
-    the step differs (a longer input, an evaluation pass with gradients on, tensors kept inside it); after
-    the batch grew from 8 to 32, the batch is the answer."""
+    """Earlier steps peaked at 20 GiB; this one already wants 35 GiB of the 35.1 GiB it could hold. At the
+    same batch size something in the step differs (a longer input, an evaluation pass with gradients on,
+    tensors kept inside it); after the batch grew from 8 to 32, the batch is the answer; and a step that
+    wants more than the job could hold at all (a 3 GiB request) has outgrown the device whatever differs."""
     from triage.evidence import _step_samples
 
     samples = [
@@ -506,7 +509,7 @@ def test_a_step_far_above_every_earlier_one_at_the_same_batch_is_not_proved_too_
         reserved_bytes=35 * GiB,
         allocated_bytes=34 * GiB,
         device_free_bytes=100 * MiB,
-        request_bytes=GiB,
+        request_bytes=asked,
     )
     f = workload_too_large.evaluate(ev)
     assert f is not None
