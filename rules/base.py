@@ -25,6 +25,10 @@ LEAD = POSSIBLE + 0.1  # when the input cannot decide: the first candidate, neve
 LIKELY = 0.7
 STRONG = 0.85
 
+# thresholds two rules read the same way
+UNLIKE_EARLIER = 1.25  # a step that wants this much more than every earlier step's peak is a new demand
+MIN_WASTE_FRACTION = 0.05  # cached free memory below this share of what the job may hold decides nothing
+
 
 @dataclass
 class Finding:

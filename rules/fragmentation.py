@@ -19,7 +19,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rules.base import CANDIDATE, LEAD, LIKELY, POSSIBLE, STRONG, Finding
+from rules.base import (
+    CANDIDATE,
+    LEAD,
+    LIKELY,
+    MIN_WASTE_FRACTION,
+    POSSIBLE,
+    STRONG,
+    UNLIKE_EARLIER,
+    Finding,
+)
 from triage.evidence import TRACE_MIN_CYCLES
 from triage.units import human
 
@@ -30,9 +39,9 @@ ID = "fragmentation"
 VERDICT = "fragmentation"
 OWNER = "algorithm"
 
-UNLIKE_EARLIER = 1.25  # a step that wants this much more than the earlier steps' peak is a new demand
-BEYOND_EARLIER = 1.05  # ... or this much more, when that is beyond the whole range the earlier peaks spanned
-MIN_WASTE_FRACTION = 0.05  # reserved-but-unallocated must be at least this share of what the job may hold
+# a step far above the earlier peaks (UNLIKE_EARLIER) is a new demand; so is one this much above them when
+# that is beyond the whole range the earlier peaks spanned
+BEYOND_EARLIER = 1.05
 
 
 def evaluate(ev: Evidence) -> Finding | None:

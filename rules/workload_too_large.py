@@ -23,7 +23,16 @@ import itertools
 import math
 from typing import TYPE_CHECKING, Any
 
-from rules.base import CANDIDATE, LEAD, LIKELY, POSSIBLE, STRONG, Finding
+from rules.base import (
+    CANDIDATE,
+    LEAD,
+    LIKELY,
+    MIN_WASTE_FRACTION,
+    POSSIBLE,
+    STRONG,
+    UNLIKE_EARLIER,
+    Finding,
+)
 from triage.evidence import CUDA_CONTEXT_MAX, LATE_RISES
 from triage.units import GiB, human
 
@@ -35,10 +44,6 @@ VERDICT = "workload_too_large"
 OWNER = "algorithm"
 
 EARLY_STEPS = 2  # an OOM in the first steps: nothing had time to leak
-UNLIKE_EARLIER = 1.25  # a step that wants this much more than every earlier step's peak is a new demand
-MINOR_WASTE = (
-    0.05  # cached free memory below this share of what the job may hold strands too little to matter
-)
 
 
 def usable_bytes(ev: Evidence) -> int | None:
@@ -241,7 +246,7 @@ def _stranded(ev: Evidence, needed: int | None, usable: int | None) -> str | Non
     free = ev.device_free_bytes or 0
     pool = ev.free_in_pool_bytes
     ru = ev.reserved_unallocated_bytes or 0
-    if ru < MINOR_WASTE * usable:
+    if ru < MIN_WASTE_FRACTION * usable:
         return None  # too little was stranded to have decided anything but this one allocation
     if pool is not None and pool < req and pool + free >= req:
         return (
@@ -357,19 +362,18 @@ def evaluate(ev: Evidence) -> Finding | None:
         )
         f.missing.append("what this step ran that the earlier ones did not (its input sizes, train or eval)")
         f.score = min(f.score, LEAD)
-    stranded = _stranded(ev, needed, usable)
-    before = [s.peak_allocated_bytes for s in ev.steps if s.batch_size is not None and s.batch_size <= grown]
-    if (
-        stranded is not None
-        and grown
-        and before
-        and needed is not None
-        and (ev.reserved_unallocated_bytes or 0) + (ev.device_free_bytes or 0) < needed - max(before)
-    ):
+    stranded = None if early else _stranded(ev, needed, usable)
+    if stranded is not None and grown and needed is not None:
         # after the batch grew, the stranded memory is the story only if it is more than what the bigger
         # batch added to the step so far
-        stranded = None
-    if stranded is not None and not early:
+        before = [
+            s.peak_allocated_bytes for s in ev.steps if s.batch_size is not None and s.batch_size <= grown
+        ]
+        if before and (ev.reserved_unallocated_bytes or 0) + (ev.device_free_bytes or 0) < needed - max(
+            before
+        ):
+            stranded = None
+    if stranded is not None:
         # the memory the request needed was in the process's hands, unusable where it sat: this allocation
         # failed on the layout, and whether the rest of the step fits is not known
         f.facts.append(stranded)

@@ -879,10 +879,8 @@ def _log_samples(ev: Evidence, text: str, from_log: set[int]) -> None:
     ``torch.cuda.memory_allocated()``), up to the failure, read as the collector's step samples."""
     from triage.messages import memory_samples
 
-    m = ev.message
-    mine = m is not None and id(m) in from_log
-    until = m.line_no if mine and m is not None else None
-    samples = memory_samples(text, m.rank if mine and m is not None else None, until)
+    m = ev.message if ev.message is not None and id(ev.message) in from_log else None
+    samples = memory_samples(text, m.rank if m else None, m.line_no if m else None)
     if len(samples) < MIN_LOG_SAMPLES:
         return
     ev.steps = _step_samples(samples)

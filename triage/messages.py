@@ -341,7 +341,6 @@ _RE_BASH_KILLED = re.compile(r"(?:(?<![\w])line \d{1,7}: {1,10}(\d{1,10})|^\[\d{
 _RE_SLURM_EVENT = re.compile(r"Detected (\d{1,7}) oom[-_]kill events? in (?:StepId=)?([\w.]{1,64})")
 _RE_SLURM_TASK = re.compile(r"task (\d{1,7}): Out Of Memory")
 _RE_RAY_OOM = re.compile(r"(?:Task|Actor|Worker) was killed due to (?:the )?node running low on memory")
-_RE_RAY_PID = re.compile(r"\bpid=(\d{1,10})")
 _RE_CPU_ALLOC = re.compile(
     r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory): you tried to allocate (\d{1,24}) bytes"
 )
