@@ -1,0 +1,223 @@
+"""Real OOM incidents on a real GPU, each with what really caused it: the labelled set the rules are
+checked against on hardware (tests/gpu/test_gpu_incidents.py runs each mode under ``triage-run``).
+
+One small GPT-style model (token embedding, pre-norm attention and MLP blocks, a vocabulary head, AdamW,
+bf16 autocast) trained on random tokens, so every mode is the same job with one thing changed:
+
+  leak           each step keeps the step's logits in a list for "later analysis": live memory grows by
+                 one batch of logits per step until the device is full (site: the lm_head line)
+  too-large      a batch the first step cannot fit (the DataLoader's batch size is recorded)
+  too-large-later  steps at a short sequence length fit; the curriculum then moves to a longer one
+  neighbour      another process holds most of the device; the same batch fits on an idle device
+  fragmentation  variable sequence lengths, and the previous step's per-layer memories kept across the
+                 step: the cache holds many partly used segments
+  bisect S HI    no crash: the largest batch that runs two full steps at sequence length S, by bisection
+                 (a fresh model each try, the cache emptied between): the truth for max_batch_size
+  hold GiB       allocate GiB on the device and wait (the neighbour)
+"""
+
+import gc
+import os
+import random
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+SMOKE = os.environ.get("OOMT_INCIDENTS_SMOKE") == "1"  # a few tiny steps on the CPU: checks the script itself
+dev = torch.device("cpu") if SMOKE else torch.device("cuda", 0)
+GiB = 1024**3
+VOCAB = 512 if SMOKE else 32000
+HIDDEN = 256 if SMOKE else 1024
+LAYERS = 2 if SMOKE else 8
+SEQ = 64 if SMOKE else 2048
+STEPS = 3 if SMOKE else 100_000
+
+
+class Tokens(Dataset):
+    def __init__(self, n, seq):
+        self.n, self.seq = n, seq
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return torch.randint(0, VOCAB, (self.seq + 1,), generator=g)
+
+
+class Block(nn.Module):
+    def __init__(self, h):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(h)
+        self.qkv = nn.Linear(h, 3 * h)
+        self.proj = nn.Linear(h, h)
+        self.ln2 = nn.LayerNorm(h)
+        self.fc1 = nn.Linear(h, 4 * h)
+        self.fc2 = nn.Linear(4 * h, h)
+        self.heads = h // 128
+
+    def forward(self, x):
+        b, s, h = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, h // self.heads).unbind(2)
+        a = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        x = x + self.proj(a.transpose(1, 2).reshape(b, s, h))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, HIDDEN)
+        self.blocks = nn.ModuleList(Block(HIDDEN) for _ in range(LAYERS))
+        self.norm = nn.LayerNorm(HIDDEN)
+        self.lm_head = nn.Linear(HIDDEN, VOCAB, bias=False)
+
+    def forward(self, ids, mems=None):
+        x = self.emb(ids)
+        kept = []
+        for i, blk in enumerate(self.blocks):
+            if mems:
+                x = x + mems[i][:, : x.shape[1]].mean() * 0
+            x = blk(x)
+            if mems is not None:
+                kept.append(x.detach().clone())
+        logits = self.lm_head(self.norm(x))  # LOGITS-LINE
+        return logits, kept
+
+
+def make():
+    torch.manual_seed(0)
+    model = GPT().to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    return model, opt
+
+
+def train_step(model, opt, batch, mems=None):
+    """one optimizer step; ``mems`` (a list, possibly empty) turns on the kept per-layer memories"""
+    ids, tgt = batch[:, :-1].to(dev), batch[:, 1:].to(dev)
+    with torch.autocast(dev.type, dtype=torch.bfloat16):
+        logits, kept = model(ids, mems)
+    loss = F.cross_entropy(logits.float().view(-1, VOCAB), tgt.reshape(-1))
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss, logits, kept
+
+
+def leak():
+    model, opt = make()
+    history = []
+    loader = DataLoader(Tokens(1 << 20, SEQ), batch_size=8)
+    for step, batch in enumerate(loader):
+        loss, logits, _ = train_step(model, opt, batch)
+        history.append(logits)  # kept for "later analysis": the leak
+        if step >= STEPS:
+            return
+        if step % 10 == 0:
+            print(f"step {step} loss {loss.item():.3f}", flush=True)
+
+
+def too_large(batch):
+    model, opt = make()
+    loader = DataLoader(Tokens(1 << 20, SEQ), batch_size=batch)
+    for step, b in enumerate(loader):
+        loss, _, _ = train_step(model, opt, b)
+        print(f"step {step} loss {loss.item():.3f}", flush=True)
+        if step >= STEPS:
+            return
+
+
+def too_large_later(batch, short, long):
+    model, opt = make()
+    for step in range(min(100, STEPS + 6)):
+        seq = short if step < 6 else long  # the curriculum's next stage
+        b = torch.stack([Tokens(1 << 20, seq)[step * batch + i] for i in range(batch)])
+        loss, _, _ = train_step(model, opt, b)
+        print(f"step {step} seq {seq} loss {loss.item():.3f}", flush=True)
+
+
+def fragmentation(batch):
+    model, opt = make()
+    rng = random.Random(0)
+    mems = []
+    for step in range(min(400, STEPS)):
+        seq = 128 * rng.randint(2, 16)
+        b = torch.stack([Tokens(1 << 20, seq)[step * batch + i] for i in range(batch)])
+        loss, _, kept = train_step(model, opt, b, mems)
+        mems = kept  # the previous step's per-layer memories, kept across the step
+        print(f"step {step} seq {seq} loss {loss.item():.3f}", flush=True)
+
+
+def fits(batch, seq):
+    """does ``batch`` run two full steps at ``seq``? A fresh model and optimizer, the cache emptied after"""
+    if not SMOKE:
+        torch.cuda.reset_peak_memory_stats()
+    ok = True
+    try:
+        model, opt = make()
+        for step in range(2):
+            b = torch.stack([Tokens(1 << 20, seq)[step * batch + i] for i in range(batch)])
+            loss, _, _ = train_step(model, opt, b)
+            loss.item()
+    except torch.OutOfMemoryError:
+        ok = False
+    if SMOKE:
+        return ok
+    model = opt = b = loss = None
+    peak = torch.cuda.max_memory_allocated()
+    gc.collect()
+    torch.cuda.empty_cache()
+    print(f"PROBE batch={batch} seq={seq} fits={int(ok)} peak={peak}", flush=True)
+    return ok
+
+
+def bisect(seq, hi):
+    """the largest batch that runs two full steps at ``seq`` (hi must not fit)"""
+    lo = 1
+    if SMOKE:
+        fits(2, seq)
+        return
+    if not fits(lo, seq):
+        print("MAXBATCH=0", flush=True)
+        return
+    while fits(hi, seq):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid, seq):
+            lo = mid
+        else:
+            hi = mid
+    print(f"MAXBATCH={lo}", flush=True)
+
+
+def hold(gib):
+    x = torch.empty(int(gib * GiB), dtype=torch.uint8, device=dev)
+    print("HOLDING", x.numel(), os.getpid(), flush=True)
+    time.sleep(3600)
+
+
+if __name__ == "__main__":
+    mode, args = sys.argv[1], [int(a) for a in sys.argv[2:]]
+    if mode == "leak":
+        leak()
+    elif mode == "too-large":
+        too_large(args[0])
+    elif mode == "too-large-later":
+        too_large_later(*args)
+    elif mode == "fragmentation":
+        fragmentation(args[0])
+    elif mode == "bisect":
+        bisect(*args)
+    elif mode == "hold":
+        hold(args[0])
+    elif mode == "neighbour":
+        too_large(args[0])
+    else:
+        raise SystemExit(f"unknown mode {mode}")
