@@ -180,6 +180,7 @@ def build(
     env = _host.environment()
     snap: Any = None
     snapshot_ms = None
+    snapshot_at = None
     if torch is not None:
         env["torch_version"] = str(getattr(torch, "__version__", "")) or None
         env["cuda_version"] = getattr(getattr(torch, "version", None), "cuda", None)
@@ -187,7 +188,11 @@ def build(
             index = ev["device"] if recent and ev is not None else None
             device, allocator = _torch.device_facts(torch, index)
             if kind == "cuda_oom":
-                snap, snapshot_ms = _torch.snapshot(torch)
+                if recent and ev is not None and ev.get("snapshot") is not None:
+                    snap, snapshot_ms, snapshot_at = ev["snapshot"], ev.get("snapshot_ms"), "oom"
+                else:
+                    snap, snapshot_ms = _torch.snapshot(torch)
+                    snapshot_at = "capture"
     try:
         nv = _nvml.facts(device.get("uuid"), device.get("index"))
     except Exception:
@@ -236,6 +241,7 @@ def build(
         "history_max_entries": st.history_max_entries,
         "history_by_user": st.history_by_user or None,
         "snapshot_ms": None if snapshot_ms is None else round(snapshot_ms, 1),
+        "snapshot_at": snapshot_at if snap is not None else None,
         "observer_calls": ev["calls"] if recent and ev is not None else None,
         "peak_scope": "step" if st.peak_reset else "run",
         "spool": cfg.spool if cfg else None,

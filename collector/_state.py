@@ -42,6 +42,9 @@ class State:
         # OOM observer events: dicts with device, alloc_size, device_total_or_cap, device_free, time, mono, calls
         self.oom_events: deque[dict[str, Any]] = deque(maxlen=32)
         self.last_oom_by_device: dict[int, dict[str, Any]] = {}
+        self.oom_snapshots = 0  # snapshots taken inside the observer
+        self.last_oom_snapshot_mono = float("-inf")
+        self.oom_snapshot_event: dict[str, Any] | None = None  # the event that holds a snapshot
         # captures
         self.captured_ids: set[int] = set()
         self.captures = 0

@@ -159,6 +159,9 @@ class CollectorInfo(_Part):
     history_by_user: bool | None = None  # the job enabled the history itself; its settings were kept
     capture_ms: float | None = None  # building, encoding, compressing and spooling the bundle
     snapshot_ms: float | None = None  # of which inside torch.cuda.memory._snapshot()
+    # "oom": taken inside the OOM observer (the allocator's state at the OOM); "capture": at the crash,
+    # after the exception unwound the failing step (its tensors are freed, their blocks show as holes)
+    snapshot_at: Literal["oom", "capture"] | None = None
     observer_calls: int | None = None  # calls of the OOM observer for this OOM (deduplicated)
     peak_scope: Literal["run", "step"] | None = None  # what timeline[].peak_allocated_bytes covers
     source: Literal["excepthook", "threading", "atexit"] | None = None  # which hook captured it

@@ -134,6 +134,43 @@ def _last_oom(snap: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def _unwind(snap: dict[str, Any]) -> None:
+    """The allocator after the OOM's exception unwound the failing step: the last block allocated before
+    the OOM is freed (merged with free neighbours, as the allocator does) and the trace records it."""
+    traces = snap.get("device_traces") or []
+    if not traces or not traces[0]:
+        return
+    tr = traces[0]
+    oom = max((i for i, e in enumerate(tr) if e.get("action") == "oom"), default=None)
+    if oom is None:
+        return
+    live = {
+        b["address"]: (seg, i)
+        for seg in snap.get("segments") or []
+        for i, b in enumerate(seg.get("blocks") or [])
+        if b.get("state") == "active_allocated" and "address" in b
+    }
+    entry = next(
+        (e for e in reversed(tr[:oom]) if e.get("action") == "alloc" and e.get("addr") in live), None
+    )
+    if entry is None:
+        return
+    seg, i = live[entry["addr"]]
+    blocks = seg["blocks"]
+    blk = blocks[i]
+    seg["allocated_size"] -= blk["size"]
+    seg["active_size"] -= blk["size"]
+    seg["requested_size"] -= blk.get("requested_size", blk["size"])
+    blk["state"] = "inactive"
+    blk["frames"] = []
+    if i + 1 < len(blocks) and blocks[i + 1]["state"] == "inactive":
+        blk["size"] += blocks.pop(i + 1)["size"]
+    if i > 0 and blocks[i - 1]["state"] == "inactive":
+        blocks[i - 1]["size"] += blocks.pop(i)["size"]
+    for action in ("free_requested", "free_completed"):
+        tr.append({**entry, "action": action, "frames": []})
+
+
 class FakeCuda:
     def __init__(self, scenario: str, seed: int = 0, total: int = 80 * GiB, fraction: float = 1.0) -> None:
         self.scenario = scenario
@@ -144,6 +181,7 @@ class FakeCuda:
         self.history_calls: list[dict[str, Any]] = []
         self.history_enabled = False
         self.initialized = False
+        self.unwound = False  # the OOM was raised: the failing step's tensors are being freed
         self._loaded = False
 
     def _load(self) -> None:
@@ -172,7 +210,10 @@ class FakeCuda:
 
     def _snapshot(self, device: Any = None, augment_with_fx_traces: bool = False) -> dict[str, Any]:
         self._load()
-        return copy.deepcopy(self.snapshot)  # a fresh object each call, as the real one
+        snap = copy.deepcopy(self.snapshot)  # a fresh object each call, as the real one
+        if self.unwound:
+            _unwind(snap)
+        return snap
 
     def _properties(self, device: Any = None) -> Any:
         self._load()
@@ -268,6 +309,7 @@ class FakeCuda:
         for _ in range(2):
             for cb in self.observers:
                 cb(device, self.oom_request, cap, self.free)
+        self.unwound = True  # from here on the exception unwinds the step and frees its tensors
         raise torch.OutOfMemoryError(self.message)
 
 

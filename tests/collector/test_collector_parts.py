@@ -385,6 +385,52 @@ def test_classify_follows_the_chain_and_a_recent_observer_call() -> None:
     assert found is not None and found[0] == "cuda_oom"
 
 
+def test_the_observer_snapshots_the_allocator_at_the_oom_within_its_limits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Inside the observer the failing step's tensors are still allocated; at the crash they are not. The
+    observer takes the snapshot, at most OOM_SNAPSHOTS_MAX per process and OOM_SNAPSHOT_MIN_GAP_S apart
+    (OOMs that are caught and survived must not cost a snapshot each), only the latest event keeps one,
+    and the next optimizer step (the job went on) lets it go."""
+    import types
+
+    taken: list[int] = []
+
+    def fake_snapshot(torch: Any) -> tuple[dict[str, Any], float]:
+        taken.append(1)
+        return {"segments": [], "n": len(taken)}, 12.5
+
+    clock = [1000.0]
+    monkeypatch.setattr(_torch, "snapshot", fake_snapshot)
+    monkeypatch.setattr(_torch, "torch_module", lambda: types.SimpleNamespace())
+    monkeypatch.setattr(_torch.time, "monotonic", lambda: clock[0])
+    st = State()
+    st.active = True
+    st.config, _ = _config.load({})
+    monkeypatch.setattr(_torch, "STATE", st)
+
+    _torch._observer(0, 2 << 20, 80 << 30, 1 << 20)
+    _torch._observer(0, 2 << 20, 80 << 30, 1 << 20)  # the allocator's second call for the same OOM
+    assert len(taken) == 1 and st.oom_events[-1]["snapshot"]["n"] == 1 and st.oom_events[-1]["calls"] == 2
+    clock[0] += 5  # another OOM, too soon: recorded, no snapshot; the earlier one keeps its own
+    _torch._observer(0, 4 << 20, 80 << 30, 1 << 20)
+    assert len(taken) == 1 and "snapshot" not in st.oom_events[-1] and "snapshot" in st.oom_events[0]
+    for k in range(4):
+        clock[0] += _torch.OOM_SNAPSHOT_MIN_GAP_S + 1
+        _torch._observer(0, (8 + k) << 20, 80 << 30, 1 << 20)
+    assert len(taken) == _torch.OOM_SNAPSHOTS_MAX
+    assert [("snapshot" in e) for e in st.oom_events] == [False, False, False, True, False, False]
+    _torch._on_optimizer_step(object(), (), {})  # survived: nothing held any more
+    assert not any("snapshot" in e for e in st.oom_events)
+    st.config, _ = _config.load({"TRIAGE_HISTORY": "0"})  # no history: the job's own settings rule
+    st2 = State()
+    st2.active, st2.config = True, st.config
+    monkeypatch.setattr(_torch, "STATE", st2)
+    clock[0] += 1000
+    _torch._observer(0, 2 << 20, 80 << 30, 1 << 20)
+    assert len(taken) == _torch.OOM_SNAPSHOTS_MAX and "snapshot" not in st2.oom_events[-1]
+
+
 def test_type_name() -> None:
     import torch
 

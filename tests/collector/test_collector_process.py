@@ -105,7 +105,9 @@ def test_oom_with_the_service_down_is_spooled_then_sent_exactly_once_by_the_next
     expected, _msg, _src = fake_cuda._scenario("tensor_leak", 0)
     import json
 
+    # taken inside the observer: the allocator at the OOM, before the exception freed the step's tensors
     assert bundle["snapshot"] == json.loads(json.dumps(expected))
+    assert bundle["collector"]["snapshot_at"] == "oom"
 
     # the next processes that start with the collector deliver it: two at once, exactly one POST
     srv = TriageServer().start()

@@ -94,9 +94,10 @@ def test_leak(server: TriageServer) -> None:
     assert b["kind"] == "cuda_oom" and b["error"]["type"] == "torch.OutOfMemoryError"
     obs = b["allocator"]["observer"]
     assert obs["device"] == 0 and obs["alloc_size"] >= 1 << 30
-    assert (
-        abs(obs["device_total_or_cap"] - b["device"]["total_bytes"]) <= 64 << 20
-    )  # no cap: the device total
+    # no cap: the device total, as the OOM message's "total capacity" gives it. On an H200 with torch 2.11
+    # that is 139.80 GiB while mem_get_info() says 140.40 GiB: within 1%, which the rules allow for
+    assert 0.99 * b["device"]["total_bytes"] <= obs["device_total_or_cap"] <= b["device"]["total_bytes"]
+    assert b["collector"]["snapshot_at"] == "oom"
     assert b["collector"]["history_max_entries"] == 100_000 and b["collector"]["observer_calls"] >= 1
     tl = b["timeline"]
     assert len(tl) >= 10

@@ -100,8 +100,25 @@ def _incident(server: TriageServer, name: str, *args: str) -> tuple[dict[str, An
         Path(OUT).mkdir(parents=True, exist_ok=True)
         with gzip.open(Path(OUT) / f"{name}.json.gz", "wt") as f:
             json.dump(b, f)
-        (Path(OUT) / "incidents.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+    _save()
+    # the snapshot is the allocator at the OOM: what it holds allocated is what the message says
+    assert b["collector"]["snapshot_at"] == "oom"
+    held = sum(
+        blk["size"]
+        for seg in b["snapshot"]["segments"]
+        for blk in seg["blocks"]
+        if blk["state"] == "active_allocated"
+    )
+    said = re.search(r"Of the allocated memory ([\d.]+) GiB is allocated by PyTorch", b["error"]["message"])
+    if said:
+        assert abs(held / 1024**3 - float(said.group(1))) < 0.02, (held, said.group(0))
     return b, d
+
+
+def _save() -> None:
+    if OUT:
+        Path(OUT).mkdir(parents=True, exist_ok=True)
+        (Path(OUT) / "incidents.json").write_text(json.dumps(RESULTS, indent=1, default=str))
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +143,7 @@ def _line_of(marker: str) -> int:
 def test_leak(server: TriageServer) -> None:
     _, d = _incident(server, "leak", "leak")
     RESULTS["leak"]["truth"] = "tensor_leak"
+    _save()
     assert d.verdict == "tensor_leak", d.headline
     site = d.leak_site or {}
     assert site.get("filename", "").endswith("incidents.py") and site.get("line") == _line_of("LOGITS-LINE")
@@ -135,8 +153,9 @@ def test_too_large_first_step(server: TriageServer, max_batch: int) -> None:
     batch = max_batch * 2
     b, d = _incident(server, "too_large", "too-large", str(batch))
     RESULTS["too_large"].update(truth="workload_too_large", true_max_batch=max_batch)
+    _save()
     assert d.verdict == "workload_too_large", d.headline
-    assert b["workload"]["batch_size"] == batch and b["workload"]["step"] == 0
+    assert b["workload"]["batch_size"] == batch and not b["workload"]["step"]  # no optimizer step yet
     assert d.max_batch_size is not None and d.max_batch_size < batch
 
 
@@ -145,6 +164,7 @@ def test_too_large_later(server: TriageServer, max_batch: int) -> None:
     batch = min(max_batch, max(long_max + 1, int(long_max * 1.5)))
     b, d = _incident(server, "too_large_later", "too-large-later", str(batch), "512", "4096")
     RESULTS["too_large_later"].update(truth="workload_too_large", true_max_batch=long_max)
+    _save()
     assert d.verdict == "workload_too_large", d.headline
     assert b["workload"]["step"] >= 6
     assert d.max_batch_size is not None and d.max_batch_size < batch
@@ -162,23 +182,22 @@ def test_neighbour(server: TriageServer, max_batch: int) -> None:
     finally:
         holder.kill()
         holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
     RESULTS["neighbour"].update(truth="other_process", holder_pid=holder.pid, holder_gib=hold_gib)
+    _save()
     assert d.verdict == "other_process", d.headline
 
 
 def test_fragmentation(server: TriageServer, max_batch: int) -> None:
     b, d = _incident(server, "fragmentation", "fragmentation", str(max(1, int(max_batch * 0.8))))
-    stats = b["allocator"]["memory_stats"]
+    # from the snapshot taken inside the observer (the allocator at the OOM; memory_stats are read later,
+    # after the exception freed the step's tensors)
     req = b["allocator"]["observer"]["alloc_size"]
-    free_reserved = stats["reserved_bytes.all.current"] - stats["allocated_bytes.all.current"]
+    segs = [seg for seg in b["snapshot"]["segments"] if seg["segment_type"] == "large" and seg["stream"] == 0]
+    free_reserved = sum(blk["size"] for seg in segs for blk in seg["blocks"] if blk["state"] == "inactive")
     largest = max(
-        (
-            blk["size"]
-            for seg in b["snapshot"]["segments"]
-            for blk in seg["blocks"]
-            if blk["state"] == "inactive"
-        ),
-        default=0,
+        (blk["size"] for seg in segs for blk in seg["blocks"] if blk["state"] == "inactive"), default=0
     )
     truth = "fragmentation" if free_reserved >= req and largest < req else "workload_too_large"
     RESULTS["fragmentation"].update(
