@@ -745,6 +745,7 @@ def _snapshot_facts(ev: Evidence) -> None:
         ev.allocated_bytes = dev_tot.allocated_bytes
         ev.private_pool_bytes = dev_tot.private_pool_bytes
         ev.largest_free_block_bytes, ev.free_in_pool_bytes = _usable_holes(ev)
+        _roll_back_to_oom(ev)
     elif m is not None:
         ev.allocated_bytes = m.allocated_bytes
         ev.reserved_bytes = m.reserved_bytes
@@ -782,6 +783,112 @@ def _usable_holes(ev: Evidence) -> tuple[int, int]:
                 if blk.size > best:
                     best = blk.size
     return best, total
+
+
+def _block_size(requested: int) -> int:
+    return max(512, -(-requested // 512) * 512)
+
+
+def _roll_back_to_oom(ev: Evidence) -> None:
+    """The allocator at the OOM, from a snapshot taken after it.
+
+    A snapshot dumped in an ``except`` handler, or at the crash, comes after the exception unwound the
+    failing step: the tensors that step held are freed, and their blocks show as holes that the allocator
+    did not have when it failed (a hole bigger than the request, next to "the cache could not serve it").
+    The trace recorded every change since the ``oom`` entry, so undoing those entries, newest first, gives
+    back the allocated and reserved bytes and the free blocks the failing request saw: a block freed since
+    was allocated; a block allocated since was free; a segment created since did not exist; a segment
+    released since existed (whole, and then free, since the allocator releases only free segments).
+    Expandable segments (map/unmap) are left as they are.
+    """
+    tl, oom, snap = ev.oom_timeline, ev.oom_entry, ev.snapshot
+    if tl is None or oom is None or snap is None or ev.allocated_bytes is None or ev.reserved_bytes is None:
+        return
+    after = tl.raw[oom.index + 1 :]
+    if not after or any(e.get("action") in ("segment_map", "segment_unmap") for e in after):
+        return
+    freed = "free_completed" if tl.actions.get("free_completed") else "free_requested"
+    if not any(e.get("action") in (freed, "alloc", "segment_alloc", "segment_free") for e in after):
+        return
+    stream = oom.stream
+
+    def usable(seg_stream: int, pool: tuple[int, int], seg_type: str) -> bool:
+        return pool == (0, 0) and seg_stream == stream and ev.request_pool in (None, seg_type)
+
+    # [start, end, usable by the request, free intervals] per segment of the OOM's device
+    segs: list[list[Any]] = [
+        [
+            seg.address,
+            seg.address + seg.total_size,
+            usable(seg.stream, seg.pool_id, seg.segment_type),
+            [[b.address, b.address + b.size] for b in seg.blocks if b.state == INACTIVE],
+        ]
+        for seg in snap.segments
+        if seg.device == tl.device
+    ]
+
+    def holder(addr: int) -> list[Any] | None:
+        return next((sg for sg in segs if sg[0] <= addr < sg[1]), None)
+
+    allocated, reserved, undone = ev.allocated_bytes, ev.reserved_bytes, 0
+    for e in reversed(after):
+        action, addr, size = e.get("action"), int(e.get("addr") or 0), int(e.get("size") or 0)
+        if action == freed:
+            n = _block_size(size)
+            allocated += n
+            undone += n
+            sg = holder(addr)
+            if sg is not None:
+                sg[3] = _carve(sg[3], addr, addr + n)
+        elif action == "alloc":
+            n = _block_size(size)
+            allocated -= n
+            sg = holder(addr)
+            if sg is not None:
+                sg[3] = _merge([*sg[3], [addr, addr + n]])
+        elif action == "segment_alloc":
+            reserved -= size
+            segs = [sg for sg in segs if not sg[0] <= addr < sg[1]]
+        elif action == "segment_free":
+            reserved += size
+            kind = "small" if size <= 2 * MiB else "large"
+            segs.append(
+                [addr, addr + size, usable(int(e.get("stream") or 0), (0, 0), kind), [[addr, addr + size]]]
+            )
+    holes = [hi - lo for sg in segs if sg[2] for lo, hi in sg[3]]
+    ev.allocated_bytes, ev.reserved_bytes = max(0, allocated), max(0, reserved)
+    ev.largest_free_block_bytes, ev.free_in_pool_bytes = max(holes, default=0), sum(holes)
+    if undone >= MiB:
+        ev.notes.append(
+            f"The snapshot was taken {len(after)} trace entries after the OOM, when {human(undone)} of the "
+            "failing step's memory had been freed; the accounting here is the allocator's at the OOM (the trace rolled "
+            f"back): {human(ev.allocated_bytes)} allocated, {human(ev.reserved_bytes)} reserved."
+        )
+
+
+def _carve(free: list[list[int]], lo: int, hi: int) -> list[list[int]]:
+    """Free intervals less [lo, hi)."""
+    out: list[list[int]] = []
+    for a, b in free:
+        if b <= lo or a >= hi:
+            out.append([a, b])
+            continue
+        if a < lo:
+            out.append([a, lo])
+        if hi < b:
+            out.append([hi, b])
+    return out
+
+
+def _merge(free: list[list[int]]) -> list[list[int]]:
+    """Free intervals with touching or overlapping ones joined (the allocator merges free neighbours)."""
+    out: list[list[int]] = []
+    for a, b in sorted(free):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
 
 
 def _processes(ev: Evidence) -> None:
