@@ -11,6 +11,10 @@ bf16 autocast) trained on random tokens, so every mode is the same job with one 
   neighbour      another process holds most of the device; the same batch fits on an idle device
   fragmentation  variable sequence lengths, and the previous step's per-layer memories kept across the
                  step: the cache holds many partly used segments
+  slow-leak B    each step keeps the last 128 positions of its logits in fp32: a leak much smaller than the
+                 step, so the OOM comes in a step's peak (site: the SLOW-LEAK-LINE)
+  batch-grow A B six steps at batch A fit; the schedule then moves to batch B, which does not
+  eval-leak B    a validation loop without torch.no_grad() keeping every batch's output (and so its graph)
   bisect S HI    no crash: the largest batch that runs two full steps at sequence length S, by bisection
                  (a fresh model each try, the cache emptied between): the truth for max_batch_size
   hold GiB       allocate GiB on the device and wait (the neighbour)
@@ -154,6 +158,46 @@ def fragmentation(batch):
         print(f"step {step} seq {seq} loss {loss.item():.3f}", flush=True)
 
 
+def slow_leak(batch):
+    """a leak far smaller than a step: the OOM comes in a step's peak, as a too-large batch's would"""
+    model, opt = make()
+    tails = []
+    loader = DataLoader(Tokens(1 << 20, SEQ), batch_size=batch)
+    for step, b in enumerate(loader):
+        loss, logits, _ = train_step(model, opt, b)
+        tails.append(logits[:, -128:].float())  # SLOW-LEAK-LINE: the last positions, kept for a metric
+        print(f"step {step} loss {loss.item():.3f}", flush=True)
+        if step >= STEPS:
+            return
+
+
+def batch_grow(small, big):
+    """steps at a batch that fits, then the schedule's next batch size, which does not"""
+    model, opt = make()
+    for step in range(min(100, STEPS + 6)):
+        batch = small if step < 6 else big
+        b = torch.stack([Tokens(1 << 20, SEQ)[step * big + i] for i in range(batch)])
+        loss, _, _ = train_step(model, opt, b)
+        print(f"step {step} batch {batch} loss {loss.item():.3f}", flush=True)
+
+
+def eval_leak(batch):
+    """a validation loop without torch.no_grad() that keeps every batch's output: each output holds its
+    whole autograd graph (the activations of that batch) alive"""
+    model, opt = make()
+    for step in range(3):
+        b = torch.stack([Tokens(1 << 20, SEQ)[step * batch + i] for i in range(batch)])
+        train_step(model, opt, b)
+    model.eval()
+    outputs = []
+    for i in range(min(10_000, STEPS)):
+        b = torch.stack([Tokens(1 << 20, SEQ)[(1000 + i) * batch + j] for j in range(batch)])
+        with torch.autocast(dev.type, dtype=torch.bfloat16):
+            logits, _ = model(b[:, :-1].to(dev))
+        outputs.append(logits[:, -1])  # EVAL-LEAK-LINE: a view: keeps the logits and the graph
+        print(f"eval batch {i}", flush=True)
+
+
 def fits(batch, seq):
     """does ``batch`` run two full steps at ``seq``? A fresh model and optimizer, the cache emptied after"""
     if not SMOKE:
@@ -213,6 +257,12 @@ if __name__ == "__main__":
         too_large_later(*args)
     elif mode == "fragmentation":
         fragmentation(args[0])
+    elif mode == "slow-leak":
+        slow_leak(args[0])
+    elif mode == "batch-grow":
+        batch_grow(*args)
+    elif mode == "eval-leak":
+        eval_leak(args[0])
     elif mode == "bisect":
         bisect(*args)
     elif mode == "hold":

@@ -149,6 +149,49 @@ def test_leak(server: TriageServer) -> None:
     assert site.get("filename", "").endswith("incidents.py") and site.get("line") == _line_of("LOGITS-LINE")
 
 
+def test_slow_leak(server: TriageServer, max_batch: int) -> None:
+    """A leak of about 1/100 of the step's own memory per step: the OOM comes in a step's peak."""
+    _, d = _incident(server, "slow_leak", "slow-leak", str(max(1, max_batch // 2)))
+    RESULTS["slow_leak"]["truth"] = "tensor_leak"
+    _save()
+    assert d.verdict == "tensor_leak", d.headline
+    site = d.leak_site or {}
+    assert site.get("filename", "").endswith("incidents.py") and site.get("line") == _line_of(
+        "SLOW-LEAK-LINE"
+    )
+
+
+def test_eval_leak(server: TriageServer) -> None:
+    """Outputs kept from a validation loop without no_grad: each keeps its batch's graph. Within one eval
+    pass there are no optimizer steps; never a confident wrong answer."""
+    _, d = _incident(server, "eval_leak", "eval-leak", "8")
+    RESULTS["eval_leak"]["truth"] = "tensor_leak"
+    _save()
+    assert d.verdict in ("tensor_leak", "inconclusive"), d.headline
+
+
+def test_batch_grow(server: TriageServer, max_batch: int) -> None:
+    """Completed steps at a smaller batch size give the fixed and the per-sample memory: the estimate of
+    the largest batch comes from them, not from the failing step."""
+    big = int(max_batch * 1.3) + 1
+    b, d = _incident(server, "batch_grow", "batch-grow", str(max(1, max_batch // 4)), str(big))
+    RESULTS["batch_grow"].update(truth="workload_too_large", true_max_batch=max_batch)
+    _save()
+    assert d.verdict == "workload_too_large", d.headline
+    assert b["workload"]["batch_size"] == big
+    assert d.max_batch_size is not None and abs(d.max_batch_size - max_batch) <= 0.1 * max_batch
+
+
+def test_too_large_near(server: TriageServer, max_batch: int) -> None:
+    """A batch 15% above the largest that fits: the first step gets further before it fails."""
+    batch = int(max_batch * 1.15) + 1
+    _, d = _incident(server, "too_large_near", "too-large", str(batch))
+    RESULTS["too_large_near"].update(truth="workload_too_large", true_max_batch=max_batch)
+    _save()
+    assert d.verdict == "workload_too_large", d.headline
+    assert d.max_batch_size is not None and d.max_batch_size < batch
+
+
 def test_too_large_first_step(server: TriageServer, max_batch: int) -> None:
     batch = max_batch * 2
     b, d = _incident(server, "too_large", "too-large", str(batch))
