@@ -95,7 +95,9 @@ def evaluate(ev: Evidence) -> Finding | None:
             f"{human(ru)} was reserved by PyTorch but unallocated, more than the {human(req)} requested: "
             "cached memory in pieces too small to use."
         )
-        f.missing.append("a snapshot (the largest free block decides whether the cached memory was usable)")
+        f.missing.append(
+            "a snapshot taken at the OOM (the largest free block decides whether the cached memory was usable)"
+        )
         f.score = POSSIBLE - 0.05
     trend = ev.trend
     growing = trend is not None and (trend.rising_fraction >= 0.7 or trend.never_falls)

@@ -59,6 +59,7 @@ LATE_RISES = 8  # consecutive rising steps up to the OOM that make a leak, howev
 TRACE_MIN_CYCLES = 4  # cycles of live memory in a trace before they are read as steps
 RECENT_BATCH_STEPS = 2  # a batch that grew this many completed steps before the OOM still explains it
 SMALL_POOL_MAX = 1 * MiB
+SNAPSHOT_MESSAGE_SLACK = 64 * MiB  # allocated bytes a snapshot and its message may differ by (rounding)
 # what torch reports as the total of a MIG slice (GiB, by profile); larger slices (3g/4g/7g) match whole GPUs
 MIG_SLICE_SIZES = (
     (int(4.75 * GiB), "1g.5gb"),
@@ -746,6 +747,7 @@ def _snapshot_facts(ev: Evidence) -> None:
         ev.private_pool_bytes = dev_tot.private_pool_bytes
         ev.largest_free_block_bytes, ev.free_in_pool_bytes = _usable_holes(ev)
         _roll_back_to_oom(ev)
+        _check_against_message(ev)
     elif m is not None:
         ev.allocated_bytes = m.allocated_bytes
         ev.reserved_bytes = m.reserved_bytes
@@ -864,6 +866,31 @@ def _roll_back_to_oom(ev: Evidence) -> None:
             "failing step's memory had been freed; the accounting here is the allocator's at the OOM (the trace rolled "
             f"back): {human(ev.allocated_bytes)} allocated, {human(ev.reserved_bytes)} reserved."
         )
+
+
+def _check_against_message(ev: Evidence) -> None:
+    """A snapshot from another moment than the OOM that the trace could not bring back (no trace, or
+    the OOM not in it): its allocated bytes disagree with the message's, which torch printed at the OOM.
+    Then the message's accounting stands, and the snapshot's free blocks say nothing about the holes the
+    request saw."""
+    m = ev.message
+    if m is None or m.allocated_bytes is None or ev.allocated_bytes is None:
+        return
+    gap = ev.allocated_bytes - m.allocated_bytes
+    if abs(gap) <= max(SNAPSHOT_MESSAGE_SLACK, 0.02 * m.allocated_bytes):
+        return
+    when = "after" if gap < 0 else "before"
+    ev.notes.append(
+        f"The snapshot holds {human(ev.allocated_bytes)} allocated where the OOM message says "
+        f"{human(m.allocated_bytes)}: it was taken {when} the OOM, and its trace cannot bring it back. The "
+        "message's accounting is used; the snapshot's free blocks are not the ones the request saw."
+    )
+    ev.allocated_bytes = m.allocated_bytes
+    if m.reserved_bytes is not None:
+        ev.reserved_bytes = m.reserved_bytes
+    elif m.reserved_unallocated_bytes is not None:
+        ev.reserved_bytes = m.allocated_bytes + m.reserved_unallocated_bytes
+    ev.largest_free_block_bytes = ev.free_in_pool_bytes = None
 
 
 def _carve(free: list[list[int]], lo: int, hi: int) -> list[list[int]]:

@@ -136,8 +136,10 @@ def test_a_snapshot_taken_after_the_unwinding_is_rolled_back_to_the_oom() -> Non
         at.details["findings"],
     )
     assert late.candidates[0] == "fragmentation"
-    unrolled = diagnose(_evidence(_after_segments(), _trace_to_the_oom(), MESSAGE))
-    assert "fragmentation" not in unrolled.candidates
+    # a trace that missed the frees cannot bring it back: the message's numbers stand, the holes do not
+    ev = _evidence(_after_segments(), _trace_to_the_oom(), MESSAGE)
+    assert ev.largest_free_block_bytes is None and any("taken after the OOM" in n for n in ev.notes)
+    assert diagnose(ev).verdict != "fragmentation"
 
 
 def test_without_the_entries_after_the_oom_the_hole_is_taken_as_it_is() -> None:
@@ -175,3 +177,22 @@ def test_a_segment_released_after_the_oom_existed_at_it() -> None:
     ev = _evidence(_at_oom_segments(), trace)
     assert ev.reserved_bytes == 9 * GiB and ev.free_in_pool_bytes == 4 * GiB
     assert ev.largest_free_block_bytes == GiB
+
+
+def test_a_late_snapshot_without_a_trace_gives_way_to_the_message() -> None:
+    """No trace to roll back (history off, or the OOM not in the ring): the snapshot's allocated bytes
+    (3 GiB) disagree with the message's (5 GiB, printed at the OOM), so its holes are not the request's."""
+    ev = _evidence(_after_segments(), [], MESSAGE)
+    assert ev.allocated_bytes == 5 * GiB and ev.reserved_bytes == 8 * GiB
+    assert ev.largest_free_block_bytes is None and ev.free_in_pool_bytes is None
+    assert any("taken after the OOM" in n for n in ev.notes)
+    f = fragmentation.evaluate(ev)
+    assert f is not None and "largest_free_block_bytes" not in f.values  # from the message's numbers alone
+
+
+def test_a_snapshot_that_agrees_with_the_message_keeps_its_holes() -> None:
+    ev = _evidence(_at_oom_segments(), [], MESSAGE)
+    assert ev.largest_free_block_bytes == GiB and ev.free_in_pool_bytes == 3 * GiB
+    assert not any("taken after the OOM" in n for n in ev.notes)
+    f = fragmentation.evaluate(ev)
+    assert f is not None and f.values["largest_free_block_bytes"] == GiB
