@@ -118,7 +118,7 @@ def _snapshot_at_oom(st: State, ev: dict[str, Any], now: float) -> None:
     if st.oom_snapshots >= OOM_SNAPSHOTS_MAX or now - st.last_oom_snapshot_mono < OOM_SNAPSHOT_MIN_GAP_S:
         return
     torch = torch_module()
-    if torch is None or st.config is None or not st.config.history:
+    if torch is None:
         return
     st.oom_snapshots += 1
     st.last_oom_snapshot_mono = now
