@@ -156,7 +156,16 @@ def evaluate(ev: Evidence) -> Finding | None:
                 "finished: a step unlike the earlier ones, which may not fit at all, packed or not."
             )
             f.score = min(f.score, LEAD)
-    if trend is None and len(ev.steps) < 2 and ev.has_snapshot and ev.trace_steps < 2 * TRACE_MIN_CYCLES:
+    # with stacks, a trace of a few steps in which no site's surviving blocks were made in different steps
+    # shows what a leak would have kept meanwhile: nothing
+    watched = ev.has_frames and ev.trace_steps >= TRACE_MIN_CYCLES and not any(s.cycles for s in ev.survivors)
+    if (
+        trend is None
+        and len(ev.steps) < 2
+        and ev.has_snapshot
+        and ev.trace_steps < 2 * TRACE_MIN_CYCLES
+        and not watched
+    ):
         # a leak leaves holes too (its survivors pin segments the step's temporaries were split from)
         f.facts.append(
             f"Nothing here shows whether live memory grew from step to step (no step samples; the trace covers "

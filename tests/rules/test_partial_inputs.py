@@ -276,6 +276,34 @@ def test_fragmentation_needs_the_steps_to_rule_out_growth() -> None:
     assert any("a leak leaves the same holes" in s for s in f.facts)
 
 
+@pytest.mark.parametrize(
+    ("steps", "frames", "kept_across", "capped"),
+    [(4, True, False, False), (3, True, False, True), (4, False, False, True), (4, True, True, True)],
+)
+def test_a_short_trace_with_stacks_rules_out_growth_when_nothing_outlived_a_step(
+    steps: int, frames: bool, kept_across: bool, capped: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replay without step samples whose trace covers a few steps (TRACE_MIN_CYCLES), with stacks: if no
+    site's surviving blocks were made in different steps, nothing leaked while the trace watched, and the
+    holes decide. Fewer steps, no stacks, or a site that kept blocks across steps: a lead only."""
+    from rules import fragmentation
+    from tests.rules.test_thresholds import _frag
+    from triage.evidence import Survivors
+    from triage.snapshot.frames import Site
+    from triage.snapshot.sites import SiteStats
+
+    monkeypatch.setattr(Evidence, "trace_steps", property(lambda self: steps))
+    monkeypatch.setattr(Evidence, "has_frames", property(lambda self: frames))
+    ev = _frag(largest=512 * MiB - 1, ru=6 * GiB)
+    ev.trend = None
+    st = SiteStats(Site("/w/train.py", 80, "step"), bytes=GiB, count=4, traced=4, allocs_in_trace=4)
+    ev.survivors = [Survivors(st, cycles=3 if kept_across else 0, gaps=3, freed_at_site=0)]
+    f = fragmentation.evaluate(ev)
+    assert f is not None
+    assert (f.score < CONFIDENT_MIN) == capped
+    assert any("a leak leaves the same holes" in s for s in f.facts) == capped
+
+
 # ---------------------------------------------------------------- a cache that has just begun evicting
 @pytest.mark.parametrize(
     ("freed", "after", "with_steps", "capped"),
