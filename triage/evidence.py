@@ -12,8 +12,10 @@ import functools
 import itertools
 import math
 import re
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from triage.snapshot.accounting import Accounting, Totals, account
@@ -829,8 +831,17 @@ def _roll_back_to_oom(ev: Evidence) -> None:
         if seg.device == tl.device
     ]
 
+    starts: list[int] = []
+
+    def index() -> None:
+        segs.sort(key=itemgetter(0))
+        starts[:] = [sg[0] for sg in segs]
+
     def holder(addr: int) -> list[Any] | None:
-        return next((sg for sg in segs if sg[0] <= addr < sg[1]), None)
+        i = bisect_right(starts, addr) - 1
+        return segs[i] if i >= 0 and addr < segs[i][1] else None
+
+    index()
 
     allocated, reserved, undone = ev.allocated_bytes, ev.reserved_bytes, 0
     for e in reversed(after):
@@ -851,12 +862,14 @@ def _roll_back_to_oom(ev: Evidence) -> None:
         elif action == "segment_alloc":
             reserved -= size
             segs = [sg for sg in segs if not sg[0] <= addr < sg[1]]
+            index()
         elif action == "segment_free":
             reserved += size
             kind = "small" if size <= 2 * MiB else "large"
             segs.append(
                 [addr, addr + size, usable(int(e.get("stream") or 0), (0, 0), kind), [[addr, addr + size]]]
             )
+            index()
     holes = [hi - lo for sg in segs if sg[2] for lo, hi in sg[3]]
     ev.allocated_bytes, ev.reserved_bytes = max(0, allocated), max(0, reserved)
     ev.largest_free_block_bytes, ev.free_in_pool_bytes = max(holes, default=0), sum(holes)
