@@ -247,27 +247,20 @@ def hold(gib):
     time.sleep(3600)
 
 
+MODES = {
+    "leak": leak,
+    "too-large": too_large,
+    "neighbour": too_large,  # the same job; the test starts the neighbour
+    "too-large-later": too_large_later,
+    "fragmentation": fragmentation,
+    "slow-leak": slow_leak,
+    "batch-grow": batch_grow,
+    "eval-leak": eval_leak,
+    "bisect": bisect,
+    "hold": hold,
+}
+
 if __name__ == "__main__":
-    mode, args = sys.argv[1], [int(a) for a in sys.argv[2:]]
-    if mode == "leak":
-        leak()
-    elif mode == "too-large":
-        too_large(args[0])
-    elif mode == "too-large-later":
-        too_large_later(*args)
-    elif mode == "fragmentation":
-        fragmentation(args[0])
-    elif mode == "slow-leak":
-        slow_leak(args[0])
-    elif mode == "batch-grow":
-        batch_grow(*args)
-    elif mode == "eval-leak":
-        eval_leak(args[0])
-    elif mode == "bisect":
-        bisect(*args)
-    elif mode == "hold":
-        hold(args[0])
-    elif mode == "neighbour":
-        too_large(args[0])
-    else:
-        raise SystemExit(f"unknown mode {mode}")
+    if sys.argv[1] not in MODES:
+        raise SystemExit(f"unknown mode {sys.argv[1]}; one of {', '.join(MODES)}")
+    MODES[sys.argv[1]](*(int(a) for a in sys.argv[2:]))

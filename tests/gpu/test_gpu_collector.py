@@ -4,7 +4,7 @@ that the CPU build cannot give (the step hook with real allocator stats, a real 
 Not collected by the normal test run (pyproject: norecursedirs tests/gpu). On a machine with a CUDA GPU
 and a CUDA build of torch::
 
-    python -m pytest -q tests/gpu          # or: python tests/gpu/test_gpu_collector.py
+    python -m pytest -q -s tests/gpu
 
 Each workload (tests/gpu/gpu_workload.py) runs under ``triage-run`` against a loopback service that
 records what it receives; the bundles are validated with triage.schemas and checked for the evidence each
@@ -26,18 +26,12 @@ from typing import Any
 
 import pytest
 
+from tests.collector.collector_harness import TriageServer
+from triage.schemas import IncidentBundle
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "collector")]
-
-from tests.collector.collector_harness import TriageServer  # noqa: E402
-from triage.schemas import IncidentBundle  # noqa: E402
-
 torch = pytest.importorskip("torch")
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
 
 
 def run(
@@ -65,13 +59,6 @@ def run(
     for b in bundles:
         IncidentBundle.model_validate(b)
     return p, bundles
-
-
-@pytest.fixture(scope="module")
-def server() -> Any:
-    s = TriageServer().start()
-    yield s
-    s.stop()
 
 
 def _frames_mention(snapshot: dict[str, Any], name: str) -> bool:
@@ -148,7 +135,3 @@ def test_measure_overheads(server: TriageServer) -> None:
     assert m["history_max_entries"] == 100_000 and m["trace_entries"] == 100_000
     assert m["hook_fraction_of_50ms"] < 0.001  # < 0.1% of a 50 ms step
     assert m["encode_gzip_s"] < 2.0
-
-
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q", "-s", "-p", "no:cacheprovider"]))

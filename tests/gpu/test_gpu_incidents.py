@@ -26,18 +26,12 @@ from typing import Any
 
 import pytest
 
+from tests.collector.collector_harness import TriageServer
+from triage.pipeline import diagnose_bundle
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "collector")]
-
-from tests.collector.collector_harness import TriageServer  # noqa: E402
-from triage.pipeline import diagnose_bundle  # noqa: E402
-
 torch = pytest.importorskip("torch")
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
 
 SCRIPT = HERE / "incidents.py"
 OUT = os.environ.get("TRIAGE_GPU_OUT")
@@ -119,13 +113,6 @@ def _save() -> None:
     if OUT:
         Path(OUT).mkdir(parents=True, exist_ok=True)
         (Path(OUT) / "incidents.json").write_text(json.dumps(RESULTS, indent=1, default=str))
-
-
-@pytest.fixture(scope="module")
-def server() -> Any:
-    s = TriageServer().start()
-    yield s
-    s.stop()
 
 
 @pytest.fixture(scope="module")
@@ -247,7 +234,3 @@ def test_fragmentation(server: TriageServer, max_batch: int) -> None:
         truth=truth, free_reserved=free_reserved, largest_free=largest, request=req
     )
     assert d.verdict in (truth, "inconclusive"), d.headline
-
-
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q", "-s", "-p", "no:cacheprovider"]))
