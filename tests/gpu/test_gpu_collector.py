@@ -17,48 +17,21 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.collector.collector_harness import TriageServer
-from triage.schemas import IncidentBundle
+from tests.gpu.conftest import run_under_collector
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 torch = pytest.importorskip("torch")
 
 
-def run(
-    mode: str, server: TriageServer, spool: str, timeout: float = 300
-) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
-    before = len(server.received)
-    env_cmd = [
-        sys.executable,
-        "-m",
-        "collector.run",
-        "--url",
-        server.url,
-        "--spool",
-        spool,
-        "--send-budget",
-        "20",
-        "--",
-        sys.executable,
-        str(HERE / "gpu_workload.py"),
-        mode,
-    ]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TRIAGE_DEBUG="1")
-    p = subprocess.run(env_cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
-    bundles = [r.bundle for r in server.received[before:]]
-    for b in bundles:
-        IncidentBundle.model_validate(b)
-    return p, bundles
+def run(mode: str, server: TriageServer) -> tuple[Any, list[dict[str, Any]]]:
+    return run_under_collector(server, HERE / "gpu_workload.py", mode)
 
 
 def _frames_mention(snapshot: dict[str, Any], name: str) -> bool:
@@ -72,8 +45,7 @@ def _frames_mention(snapshot: dict[str, Any], name: str) -> bool:
 
 
 def test_leak(server: TriageServer) -> None:
-    with tempfile.TemporaryDirectory() as spool:
-        p, bundles = run("leak", server, spool)
+    p, bundles = run("leak", server)
     assert p.returncode == 1, p.stderr[-3000:]
     assert "torch.OutOfMemoryError" in p.stderr and "verdict" in p.stderr
     assert len(bundles) == 1
@@ -98,8 +70,7 @@ def test_leak(server: TriageServer) -> None:
 
 
 def test_big_batch(server: TriageServer) -> None:
-    with tempfile.TemporaryDirectory() as spool:
-        p, bundles = run("big-batch", server, spool)
+    p, bundles = run("big-batch", server)
     assert p.returncode == 1, p.stderr[-3000:]
     batch = int(next(ln for ln in p.stdout.splitlines() if ln.startswith("BATCH=")).split("=")[1])
     assert len(bundles) == 1
@@ -112,8 +83,7 @@ def test_big_batch(server: TriageServer) -> None:
 
 
 def test_fraction_cap(server: TriageServer) -> None:
-    with tempfile.TemporaryDirectory() as spool:
-        p, bundles = run("fraction", server, spool)
+    p, bundles = run("fraction", server)
     assert p.returncode == 1, p.stderr[-3000:]
     cap = int(next(ln for ln in p.stdout.splitlines() if ln.startswith("CAP=")).split("=")[1])
     assert len(bundles) == 1
@@ -126,8 +96,7 @@ def test_fraction_cap(server: TriageServer) -> None:
 
 
 def test_measure_overheads(server: TriageServer) -> None:
-    with tempfile.TemporaryDirectory() as spool:
-        p, bundles = run("measure", server, spool)
+    p, bundles = run("measure", server)
     assert p.returncode == 0, p.stderr[-3000:]
     assert bundles == []
     m = json.loads(next(ln for ln in p.stdout.splitlines() if ln.startswith("MEASURE=")).split("=", 1)[1])

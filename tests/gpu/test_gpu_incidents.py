@@ -19,7 +19,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 import pytest
 
 from tests.collector.collector_harness import TriageServer
+from tests.gpu.conftest import run_under_collector
 from triage.pipeline import diagnose_bundle
 
 HERE = Path(__file__).resolve().parent
@@ -53,26 +53,10 @@ def _max_batch(seq: int, hi: int) -> int:
 
 def _incident(server: TriageServer, name: str, *args: str) -> tuple[dict[str, Any], Any]:
     """Run one incident under the collector; diagnose the one bundle it sent."""
-    before = len(server.received)
-    with tempfile.TemporaryDirectory() as spool:
-        cmd = [
-            sys.executable,
-            "-m",
-            "collector.run",
-            "--url",
-            server.url,
-            "--spool",
-            spool,
-            "--send-budget",
-            "60",
-        ]
-        cmd += ["--", sys.executable, str(SCRIPT), *args]
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        t0 = time.monotonic()
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
-        wall = time.monotonic() - t0
+    t0 = time.monotonic()
+    p, bundles = run_under_collector(server, SCRIPT, *args, send_budget=60, timeout=900)
+    wall = time.monotonic() - t0
     assert p.returncode == 1, f"{name}: rc {p.returncode}\n{p.stdout[-1500:]}\n{p.stderr[-3000:]}"
-    bundles = [r.bundle for r in server.received[before:]]
     assert len(bundles) == 1, f"{name}: {len(bundles)} bundles"
     b = bundles[0]
     d, _ = diagnose_bundle(b)
