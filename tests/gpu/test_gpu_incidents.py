@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from tests.collector.collector_harness import TriageServer
-from tests.gpu.conftest import run_under_collector
+from tests.gpu.harness import run_under_collector
 from triage.pipeline import diagnose_bundle
 
 HERE = Path(__file__).resolve().parent
