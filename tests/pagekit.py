@@ -171,8 +171,11 @@ class App:
             worker.close()
 
     def close(self) -> None:
+        from triage.tickets.sinks.registry import close_cached
+
         self.client.close()
         self.db.dispose()
+        close_cached()  # as the service's shutdown does: the sinks' connections to Redmine, Alertmanager, …
 
 
 class UvicornThread:

@@ -370,6 +370,9 @@ class WorkerPool:
             t.join(timeout)
         self.threads.clear()
         self.workers.clear()
+        module = _outbox()
+        if module is not None:
+            module.close_cached()  # the sinks' open connections to the ticket and alert systems
 
 
 _outbox_cache: list[ModuleType | None] = []

@@ -149,3 +149,26 @@ def test_from_settings_reloads_when_the_file_changes(tmp_path: Path) -> None:
     second = from_settings(settings)
     assert second is not first and second.team_for(None) == "bb"
     assert from_settings(SimpleNamespace(sinks_config=None)).sinks("default") == []
+
+
+def test_the_service_shutting_down_closes_the_cached_sinks_connections(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker pool's stop closes what the cached registries' sinks hold open (their HTTP connections
+    to Redmine, Alertmanager, …); a sink used again afterwards opens a new one."""
+    from triage.tickets.sinks import registry as registry_module
+    from triage.worker import WorkerPool
+
+    path = tmp_path / "sinks.yaml"
+    path.write_text(
+        "default_team: a\nteams:\n  a:\n    sinks:\n"
+        "      - {kind: alertmanager, name: am, url: 'http://127.0.0.1:9/'}\n"
+    )
+    reg = from_settings(SimpleNamespace(sinks_config=str(path)))
+    sink = reg.sinks("a")[0]
+    first = sink.client
+    assert not first.is_closed
+    WorkerPool(SimpleNamespace(), SimpleNamespace()).stop()  # type: ignore[arg-type]  # no threads started
+    assert first.is_closed and sink.client is not first and not sink.client.is_closed
+    registry_module.close_cached()
+    monkeypatch.setattr(registry_module, "_cache", {})

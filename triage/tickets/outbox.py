@@ -49,7 +49,7 @@ from sqlalchemy.orm import Session
 from triage.store.models import RESOLVED, Incident, OutboxItem, SinkLink, Ticket, utcnow
 from triage.tickets.sinks.base import ExternalRef, PermanentSinkError, RefGone, Sink, SinkError
 from triage.tickets.sinks.payload import Action, Counts, TicketPayload
-from triage.tickets.sinks.registry import Registry, from_settings
+from triage.tickets.sinks.registry import Registry, close_cached, from_settings
 
 log = logging.getLogger("triage.tickets.outbox")
 
@@ -498,4 +498,13 @@ def purge_delivered(session_factory: SessionFactory, *, older_than: timedelta, b
             s.commit()
 
 
-__all__ = ["ALL_SINKS", "backoff_s", "deliver_due", "enqueue", "expand", "purge_delivered", "snapshot"]
+__all__ = [
+    "ALL_SINKS",
+    "backoff_s",
+    "close_cached",
+    "deliver_due",
+    "enqueue",
+    "expand",
+    "purge_delivered",
+    "snapshot",
+]

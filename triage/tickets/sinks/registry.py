@@ -231,6 +231,14 @@ def from_settings(settings: Any) -> Registry:
         return registry
 
 
+def close_cached() -> None:
+    """Close the connections the cached registries' sinks hold (the service shutting down). The registries
+    stay cached: a sink opens a new connection when it is next used."""
+    with _cache_lock:
+        for _, registry in _cache.values():
+            registry.close()
+
+
 __all__ = [
     "SINK_CLASSES",
     "ConfigError",
@@ -239,6 +247,7 @@ __all__ = [
     "SinkConfig",
     "SinksConfig",
     "TeamConfig",
+    "close_cached",
     "from_settings",
     "load",
     "parse",
