@@ -31,7 +31,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-SMOKE = os.environ.get("OOMT_INCIDENTS_SMOKE") == "1"  # a few tiny steps on the CPU: checks the script itself
+SMOKE = (
+    os.environ.get("OOMT_INCIDENTS_SMOKE") == "1"
+)  # a few tiny steps on the CPU, no autocast: the script itself
 dev = torch.device("cpu") if SMOKE else torch.device("cuda", 0)
 GiB = 1024**3
 VOCAB = 512 if SMOKE else 32000
@@ -105,7 +107,7 @@ def make():
 def train_step(model, opt, batch, mems=None):
     """one optimizer step; ``mems`` (a list, possibly empty) turns on the kept per-layer memories"""
     ids, tgt = batch[:, :-1].to(dev), batch[:, 1:].to(dev)
-    with torch.autocast(dev.type, dtype=torch.bfloat16):
+    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=not SMOKE):
         logits, kept = model(ids, mems)
     loss = F.cross_entropy(logits.float().view(-1, VOCAB), tgt.reshape(-1))
     loss.backward()
@@ -151,7 +153,7 @@ def fragmentation(batch):
     rng = random.Random(0)
     mems = []
     for step in range(min(400, STEPS)):
-        seq = 128 * rng.randint(2, 16)
+        seq = SEQ // 16 * rng.randint(2, 16)  # 256..2048 tokens on the GPU
         b = torch.stack([Tokens(1 << 20, seq)[step * batch + i] for i in range(batch)])
         loss, _, kept = train_step(model, opt, b, mems)
         mems = kept  # the previous step's per-layer memories, kept across the step
@@ -192,7 +194,7 @@ def eval_leak(batch):
     outputs = []
     for i in range(min(10_000, STEPS)):
         b = torch.stack([Tokens(1 << 20, SEQ)[(1000 + i) * batch + j] for j in range(batch)])
-        with torch.autocast(dev.type, dtype=torch.bfloat16):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=not SMOKE):
             logits, _ = model(b[:, :-1].to(dev))
         outputs.append(logits[:, -1])  # EVAL-LEAK-LINE: a view: keeps the logits and the graph
         print(f"eval batch {i}", flush=True)
