@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
+from triage.simulate.allocator import round_size
 from triage.snapshot.accounting import Accounting, Totals, account
 from triage.snapshot.frames import FrameClassifier, Site
 from triage.snapshot.model import INACTIVE, Snapshot, TraceEntry
@@ -752,13 +753,7 @@ def _snapshot_facts(ev: Evidence) -> None:
         _check_against_message(ev)
     elif m is not None:
         ev.allocated_bytes = m.allocated_bytes
-        ev.reserved_bytes = m.reserved_bytes
-        if (
-            ev.reserved_bytes is None
-            and m.allocated_bytes is not None
-            and m.reserved_unallocated_bytes is not None
-        ):
-            ev.reserved_bytes = m.allocated_bytes + m.reserved_unallocated_bytes
+        ev.reserved_bytes = _message_reserved(m)
         ev.private_pool_bytes = m.private_pool_bytes
     if ev.reserved_bytes is None:
         stats = _get(ev.bundle, "allocator", "memory_stats")
@@ -777,9 +772,7 @@ def _usable_holes(ev: Evidence) -> tuple[int, int]:
     for seg in ev.snapshot.segments:
         if ev.device is not None and seg.device != ev.device:
             continue
-        if seg.pool_id != (0, 0) or seg.stream != stream:
-            continue
-        if ev.request_pool is not None and seg.segment_type != ev.request_pool:
+        if not _serves_request(ev, stream, seg.pool_id, seg.segment_type, seg.stream):
             continue
         for blk in seg.blocks:
             if blk.state == INACTIVE:
@@ -789,8 +782,12 @@ def _usable_holes(ev: Evidence) -> tuple[int, int]:
     return best, total
 
 
-def _block_size(requested: int) -> int:
-    return max(512, -(-requested // 512) * 512)
+def _serves_request(
+    ev: Evidence, stream: int, pool_id: tuple[int, int], seg_type: str, seg_stream: int
+) -> bool:
+    """Whether the failing request could have used a segment's free blocks: the default pool, the
+    request's own stream and size class."""
+    return pool_id == (0, 0) and seg_stream == stream and ev.request_pool in (None, seg_type)
 
 
 def _roll_back_to_oom(ev: Evidence) -> None:
@@ -815,16 +812,12 @@ def _roll_back_to_oom(ev: Evidence) -> None:
     if not any(e.get("action") in (freed, "alloc", "segment_alloc", "segment_free") for e in after):
         return
     stream = oom.stream
-
-    def usable(seg_stream: int, pool: tuple[int, int], seg_type: str) -> bool:
-        return pool == (0, 0) and seg_stream == stream and ev.request_pool in (None, seg_type)
-
     # [start, end, usable by the request, free intervals] per segment of the OOM's device
     segs: list[list[Any]] = [
         [
             seg.address,
             seg.address + seg.total_size,
-            usable(seg.stream, seg.pool_id, seg.segment_type),
+            _serves_request(ev, stream, seg.pool_id, seg.segment_type, seg.stream),
             [[b.address, b.address + b.size] for b in seg.blocks if b.state == INACTIVE],
         ]
         for seg in snap.segments
@@ -847,14 +840,14 @@ def _roll_back_to_oom(ev: Evidence) -> None:
     for e in reversed(after):
         action, addr, size = e.get("action"), int(e.get("addr") or 0), int(e.get("size") or 0)
         if action == freed:
-            n = _block_size(size)
+            n = round_size(size)
             allocated += n
             undone += n
             sg = holder(addr)
             if sg is not None:
                 sg[3] = _carve(sg[3], addr, addr + n)
         elif action == "alloc":
-            n = _block_size(size)
+            n = round_size(size)
             allocated -= n
             sg = holder(addr)
             if sg is not None:
@@ -866,9 +859,8 @@ def _roll_back_to_oom(ev: Evidence) -> None:
         elif action == "segment_free":
             reserved += size
             kind = "small" if size <= 2 * MiB else "large"
-            segs.append(
-                [addr, addr + size, usable(int(e.get("stream") or 0), (0, 0), kind), [[addr, addr + size]]]
-            )
+            serves = _serves_request(ev, stream, (0, 0), kind, int(e.get("stream") or 0))
+            segs.append([addr, addr + size, serves, [[addr, addr + size]]])
             index()
     holes = [hi - lo for sg in segs if sg[2] for lo, hi in sg[3]]
     ev.allocated_bytes, ev.reserved_bytes = max(0, allocated), max(0, reserved)
@@ -879,6 +871,14 @@ def _roll_back_to_oom(ev: Evidence) -> None:
             "failing step's memory had been freed; the accounting here is the allocator's at the OOM (the trace rolled "
             f"back): {human(ev.allocated_bytes)} allocated, {human(ev.reserved_bytes)} reserved."
         )
+
+
+def _message_reserved(m: OomMessage) -> int | None:
+    """What the process had reserved at the OOM, as its message gives it (older formats print the total,
+    newer ones allocated and reserved-but-unallocated)."""
+    if m.reserved_bytes is not None or m.allocated_bytes is None or m.reserved_unallocated_bytes is None:
+        return m.reserved_bytes
+    return m.allocated_bytes + m.reserved_unallocated_bytes
 
 
 def _check_against_message(ev: Evidence) -> None:
@@ -899,10 +899,9 @@ def _check_against_message(ev: Evidence) -> None:
         "message's accounting is used; the snapshot's free blocks are not the ones the request saw."
     )
     ev.allocated_bytes = m.allocated_bytes
-    if m.reserved_bytes is not None:
-        ev.reserved_bytes = m.reserved_bytes
-    elif m.reserved_unallocated_bytes is not None:
-        ev.reserved_bytes = m.allocated_bytes + m.reserved_unallocated_bytes
+    reserved = _message_reserved(m)
+    if reserved is not None:
+        ev.reserved_bytes = reserved
     ev.largest_free_block_bytes = ev.free_in_pool_bytes = None
 
 
