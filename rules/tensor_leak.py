@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rules.base import CANDIDATE, LEAD, LIKELY, STRONG, Finding
-from triage.evidence import LATE_RISES, trace_cycles
+from triage.evidence import LATE_RISES, kept_graphs, trace_cycles
 from triage.units import GiB, MiB, human
 
 if TYPE_CHECKING:
@@ -262,7 +262,20 @@ def evaluate(ev: Evidence) -> Finding | None:
                 f"({human(trend.start_bytes)} → {human(trend.end_bytes)})."
             )
 
-    if leak is not None:
+    graphs = kept_graphs(ev) if leak is None and not trend_growing else None
+    if graphs is not None:
+        kc, peak = graphs
+        f.facts[:0] = [
+            f"{kc.blocks} blocks, {human(kc.bytes)}, allocated in {kc.calls} earlier calls of the model at "
+            f"{kc.call.label} are still alive: each call's activations, kept for a backward that never came "
+            "(its output is still referenced, and with it its autograd graph).",
+            f"Earlier steps peaked at {human(peak)}; without the kept calls this moment needed no more "
+            f"than that, with them {human(ev.needed_bytes or 0)}.",
+        ]
+        f.values.update({"leak_bytes": kc.bytes, "leak_blocks": kc.blocks, "kept_calls": kc.calls})
+        f.leak_site = kc.call.to_dict()
+        f.score = STRONG if kc.calls >= 4 else LIKELY
+    elif leak is not None:
         st = leak.stats
         where = (
             f"at {st.site.label}" if st.site.kind in ("user", "library") else "(no stack recorded for them)"
@@ -384,7 +397,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         _lead(ev, f)
         if f.leak_site is None:
             _lead_by_growth(ev, f)
-    elif trend_flat:
+    elif trend_flat and graphs is None:
         return None
     else:
         if ev.step is not None and ev.step <= 1 and ev.is_cuda_oom:
@@ -402,7 +415,18 @@ def evaluate(ev: Evidence) -> Finding | None:
             )
         return f
 
-    if f.leak_site is not None:
+    if graphs is not None and f.leak_site is not None:
+        loc = graphs[0].call.label
+        f.actions.append(
+            f"At {loc} the model runs with gradients on and each output is kept: if it is an evaluation, "
+            "wrap the loop in `torch.no_grad()` (or `torch.inference_mode()`); if the outputs are kept for "
+            "later, keep `out.detach()` (or `.cpu()`, or a number with `.item()`) instead."
+        )
+        f.actions.append(
+            "If the losses of several calls are summed for one backward (accumulation), call `backward()` "
+            "on each call's loss instead: gradients accumulate the same, and each graph is freed at once."
+        )
+    elif f.leak_site is not None:
         site = f.leak_site
         loc = f"{site['filename']}:{site['line']} in {site['name']}"
         f.actions.append(

@@ -33,7 +33,7 @@ from rules.base import (
     UNLIKE_EARLIER,
     Finding,
 )
-from triage.evidence import CUDA_CONTEXT_MAX, LATE_RISES
+from triage.evidence import CUDA_CONTEXT_MAX, LATE_RISES, frame_key, kept_graphs, model_call
 from triage.units import GiB, human
 
 if TYPE_CHECKING:
@@ -142,38 +142,12 @@ def estimate_max_batch(ev: Evidence) -> tuple[int | None, dict[str, Any]]:
     return max(0, est), info
 
 
-_MODULE_CALL = frozenset({"_call_impl", "_wrapped_call_impl"})  # torch/nn/modules/module.py: Module.__call__
-
-
-def _frame_key(fr: Any) -> tuple[Any, Any, Any]:
-    return (fr.get("filename"), fr.get("line"), fr.get("name"))
-
-
-def _model_call(ev: Evidence, frames: list[Any]) -> tuple[Any, Any, Any] | None:
-    """The user line that called the model the failing allocation ran in (``out = model(x)``): the
-    outermost user frame with torch's module-call frames just inside it. None when the allocation did
-    not happen inside a module's forward (the loss, the optimizer, a copy in the loop)."""
-    call = None
-    inside = False
-    for fr in frames:  # innermost first
-        if not isinstance(fr, dict):
-            continue
-        is_python, is_user = ev.classifier.classify(fr)
-        if is_user:
-            if inside:
-                call = _frame_key(fr)
-            inside = False
-        elif is_python and fr.get("name") in _MODULE_CALL and "modules/module" in str(fr.get("filename", "")):
-            inside = True
-    return call
-
-
 def _call_line(ev: Evidence) -> tuple[Any, Any, Any] | None:
     """The line that called the model in the failing step: the failing allocation's own when it ran
     inside the forward; else (the OOM came in the loss, the backward or the optimizer) the call line
     under which most of the live memory was allocated."""
     oom = ev.oom_entry
-    call = _model_call(ev, oom.frames) if oom is not None and oom.frames else None
+    call = model_call(ev.classifier, oom.frames) if oom is not None and oom.frames else None
     if call is not None or ev.snapshot is None or ev.oom_timeline is None:
         return call
     calls: dict[int, tuple[Any, Any, Any] | None] = {}  # by frames-list identity (stacks are shared)
@@ -185,7 +159,7 @@ def _call_line(ev: Evidence) -> tuple[Any, Any, Any] | None:
             if b.allocated and b.frames:
                 key = id(b.frames)
                 if key not in calls:
-                    calls[key] = _model_call(ev, b.frames)
+                    calls[key] = model_call(ev.classifier, b.frames)
                 c = calls[key]
                 if c is not None:
                     under[c] = under.get(c, 0) + b.requested_size
@@ -208,7 +182,7 @@ def _first_forward(ev: Evidence, end: int) -> int | None:
             continue
         hit = seen.get(id(frames))
         if hit is None:
-            hit = seen[id(frames)] = any(isinstance(f, dict) and _frame_key(f) == call for f in frames)
+            hit = seen[id(frames)] = any(isinstance(f, dict) and frame_key(f) == call for f in frames)
         if hit:
             return i
     return None
@@ -362,6 +336,14 @@ def evaluate(ev: Evidence) -> Finding | None:
         )
         f.missing.append("what this step ran that the earlier ones did not (its input sizes, train or eval)")
         f.score = min(f.score, LEAD)
+    graphs = kept_graphs(ev)
+    if graphs is not None:
+        kc, peak = graphs
+        f.facts.append(
+            f"{human(kc.bytes)} of it is {kc.calls} earlier calls of the model at {kc.call.label}, still "
+            f"alive; without them this moment needed no more than the {human(peak)} earlier steps peaked at."
+        )
+        f.score = min(f.score, CANDIDATE)
     stranded = None if early else _stranded(ev, needed, usable)
     if stranded is not None and grown and needed is not None:
         # after the batch grew, the stranded memory is the story only if it is more than what the bigger

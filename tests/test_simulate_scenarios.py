@@ -43,6 +43,7 @@ VERDICT = {
     "small_request_big_hole": {"fragmentation", "other_process", "workload_too_large"},
     "leak_like_big_batch": {"tensor_leak"},
     "leak_no_frames": {"tensor_leak"},
+    "eval_leak": {"tensor_leak", "workload_too_large"},
 }
 HARD_NEGATIVES = {"bounded_cache", "small_request_big_hole", "leak_like_big_batch", "leak_no_frames"}
 
@@ -85,7 +86,8 @@ def test_every_scenario_runs_with_its_truth(name: str) -> None:
     assert set(t) == {"verdict", "owner", "leak_site", "max_batch_size", "family", "hard_negative", "notes"}
     assert t["verdict"] in VERDICT[name]
     assert t["family"] == name
-    assert t["hard_negative"] == (name in HARD_NEGATIVES or (name == "fragmentation" and t["hard_negative"]))
+    variant_negative = name in ("fragmentation", "eval_leak") and t["hard_negative"]
+    assert t["hard_negative"] == (name in HARD_NEGATIVES or variant_negative)
     owner = {"tensor_leak": "algorithm", "workload_too_large": "algorithm", "fragmentation": "algorithm"}
     assert t["owner"] == owner.get(t["verdict"], None if t["verdict"] == "inconclusive" else "platform")
     b = r.bundle
@@ -182,6 +184,26 @@ def test_leak_site_is_the_user_line_that_allocated_the_leak() -> None:
         timeline = r.bundle["timeline"]
         assert len(timeline) >= 3
         assert timeline[-1]["allocated_bytes"] > timeline[1]["allocated_bytes"]
+
+
+def test_eval_leak_keeps_every_validation_output_with_its_graph() -> None:
+    """The validation loop's outputs keep their forward passes alive: the live blocks made under the
+    validation function's model call are several batches' activations; the big-batch variant keeps none."""
+    r = get("eval_leak", 0, variant="kept")
+    site = r.truth["leak_site"]
+    assert r.truth["verdict"] == "tensor_leak" and site is not None and site["name"] == "evaluate"
+    a = r.allocator
+    assert a is not None
+    under_eval = [
+        addr for addr in a.live_blocks() if any(f.get("line") == site["line"] for f in a.frames_of(addr))
+    ]
+    steps = len(r.bundle["timeline"])
+    assert steps >= 3 and r.bundle["workload"]["step"] == steps  # no optimizer step since
+    kept = int(r.truth["notes"].split()[0])
+    assert kept >= 4 and len(under_eval) >= 4 * kept  # every layer's saved activations, per kept output
+    neg = get("eval_leak", 0, variant="big_batch")
+    assert neg.truth["verdict"] == "workload_too_large" and neg.truth["hard_negative"]
+    assert neg.truth["leak_site"] is None
 
 
 def test_leak_without_frames() -> None:

@@ -62,6 +62,7 @@ LATE_RISES = 8  # consecutive rising steps up to the OOM that make a leak, howev
 TRACE_MIN_CYCLES = 4  # cycles of live memory in a trace before they are read as steps
 RECENT_BATCH_STEPS = 2  # a batch that grew this many completed steps before the OOM still explains it
 SMALL_POOL_MAX = 1 * MiB
+KEPT_CALL_SHARE = 0.2  # a call's blocks still alive, of all it allocated, that make its graph kept
 SNAPSHOT_MESSAGE_SLACK = 64 * MiB  # allocated bytes a snapshot and its message may differ by (rounding)
 # what torch reports as the total of a MIG slice (GiB, by profile); larger slices (3g/4g/7g) match whole GPUs
 MIG_SLICE_SIZES = (
@@ -243,6 +244,23 @@ class Survivors:
         return self.cycles / self.gaps if self.gaps else 0.0
 
 
+@dataclass
+class KeptCalls:
+    """Blocks alive at the OOM from earlier calls of one line that runs the model (``out = model(x)``),
+    each call's a large part of all it allocated: the saved activations of several forward passes,
+    kept because their outputs (and so their autograd graphs) are still referenced."""
+
+    call: Site  # the user line that called the model
+    calls: int  # completed calls of that line whose blocks are still alive
+    blocks: int
+    bytes: int
+    made: int  # completed calls of that line in the trace
+    # the most of the line's calls alive at once when an earlier one began (None: it had not run before)
+    before: int | None
+    steps_before: int  # steps the trace shows before the first kept call
+    peak_before: int  # the most live memory before it
+
+
 def _trend(samples: Sequence[Any]) -> StepTrend | None:
     return _trend_of(_step_samples(samples))
 
@@ -346,6 +364,7 @@ class Evidence:
     trend: StepTrend | None = None
     trend_source: str = "samples"  # samples (the collector's per-step memory) | trace (cycles in the trace)
     survivors: list[Survivors] = field(default_factory=list)
+    kept_calls: KeptCalls | None = None
     oom_entry: TraceEntry | None = None
     oom_timeline: DeviceTimeline | None = None
     shm_total_bytes: int | None = None
@@ -568,6 +587,7 @@ def build_evidence(
     _host(ev)
     if survivors:
         _survivors(ev)
+        _kept_calls(ev)
     _contract(ev)
     return ev
 
@@ -1171,6 +1191,7 @@ def _survivors(ev: Evidence) -> None:
     by_dev = {t.device: t for t in ev.timelines}
     by_site: dict[tuple[int, Site], list[int]] = {}
     swings: dict[int, int] = {}
+    calls: dict[int, dict[int, CallId]] = {}
     for st in ev.sites:
         if st.traced < 3 or st.site.kind in ("native", "unknown"):
             continue  # blocks without a stack are not one site: their survival proves nothing together
@@ -1182,7 +1203,17 @@ def _survivors(ev: Evidence) -> None:
         swing = swings.get(dev)
         if swing is None:
             swing = swings[dev] = _step_swing(tl)
-        cycles = sum(1 for a, c in itertools.pairwise(idx) if _is_cycle(tl, a, c, swing))
+        if dev not in calls:
+            calls[dev] = _model_calls(ev, tl) if ev.has_frames else {}
+        call_of = calls[dev]
+        cycles = sum(
+            1
+            for a, c in itertools.pairwise(idx)
+            # two blocks made in one call of the model are layers of one forward pass, not two steps; made
+            # in two calls, only a backward between them (freeing what the forward saved) ends a step
+            if (call_of.get(a) is None or call_of.get(a) != call_of.get(c))
+            and _is_cycle(tl, a, c, swing, low_point=call_of.get(a) is None)
+        )
         freed = max(0, st.allocs_in_trace - st.traced)
         after = 0
         if freed and idx:
@@ -1195,6 +1226,164 @@ def _survivors(ev: Evidence) -> None:
             sv.evicted_meanwhile = _freed_after(tl, by_site.get((dev, st.site), []), idx[0])
         ev.survivors.append(sv)
     ev.survivors.sort(key=lambda s: (-s.cycles, -s.stats.bytes))
+
+
+def kept_graphs(ev: Evidence) -> tuple[KeptCalls, int] | None:
+    """(the kept calls, the highest earlier step's peak) when the OOM comes from forward passes kept
+    alive: at least two earlier calls of one model-running line still hold their blocks, the earlier
+    steps (same batch size) needed less than this moment, and freeing the kept calls' blocks would have
+    brought it back within what they needed. A step that runs the model several times before one
+    backward (views of one sample, micro-batches of a pipeline) keeps its calls alive too, but every
+    step does it: the trace shows the line holding as many calls before, or, when the line had not run
+    before, at least two steps without it must show that it is new."""
+    kc = ev.kept_calls
+    if kc is None or kc.calls < 2 or ev.batch_grew_from:
+        return None
+    if (kc.calls <= kc.before) if kc.before is not None else kc.steps_before < 2:
+        # the line kept as many calls before (or the trace does not show it run without keeping them)
+        return None
+    # the collector's samples of the steps, and what the trace shows before the first kept call
+    peaks = [s.peak_allocated_bytes for s in ev.steps] if len(ev.steps) >= 2 else []
+    if kc.steps_before >= 2:
+        peaks.append(kc.peak_before)
+    needed = ev.needed_bytes
+    if not peaks or needed is None or needed <= max(peaks) or kc.bytes < needed - max(peaks):
+        return None
+    return kc, max(peaks)
+
+
+_MODULE_CALL = frozenset({"_call_impl", "_wrapped_call_impl"})  # torch/nn/modules/module.py: Module.__call__
+
+
+def frame_key(fr: Any) -> tuple[Any, Any, Any]:
+    return (fr.get("filename"), fr.get("line"), fr.get("name"))
+
+
+def model_call(classifier: FrameClassifier, frames: Sequence[Any]) -> tuple[Any, Any, Any] | None:
+    """The user line that called the model an allocation ran in (``out = model(x)``): the outermost user
+    frame with torch's module-call frames just inside it. None when the allocation did not happen inside
+    a module's forward (the loss, the optimizer, a copy in the loop, the autograd engine's thread)."""
+    call = None
+    inside = False
+    for fr in frames:  # innermost first
+        if not isinstance(fr, dict):
+            continue
+        is_python, is_user = classifier.classify(fr)
+        if is_user:
+            if inside:
+                call = frame_key(fr)
+            inside = False
+        elif is_python and fr.get("name") in _MODULE_CALL and "modules/module" in str(fr.get("filename", "")):
+            inside = True
+    return call
+
+
+CallId = tuple[tuple[Any, Any, Any], int]  # (the user line that called the model, its n-th call)
+
+
+def _model_calls(ev: Evidence, tl: DeviceTimeline) -> dict[int, CallId]:
+    """Which call of a model-running line each traced allocation was made in, by entry index. A call is
+    a run of allocations made under that line, ended by any allocation that is not (the next batch
+    copied in, the loss, the backward on the engine's thread, the optimizer)."""
+    key_of: dict[int, tuple[Any, Any, Any] | None] = {}
+    count: dict[tuple[Any, Any, Any], int] = {}
+    out: dict[int, CallId] = {}
+    prev = None
+    raw = tl.raw
+    for i in tl.alloc_indices:
+        frames = raw[i].get("frames")
+        key = None
+        if frames:
+            fid = id(frames)
+            if fid not in key_of:
+                key_of[fid] = model_call(ev.classifier, frames)
+            key = key_of[fid]
+        if key is not None:
+            if key != prev:
+                count[key] = count.get(key, 0) + 1
+            out[i] = (key, count[key])
+        prev = key
+    return out
+
+
+def _kept_calls(ev: Evidence) -> None:
+    """The line that runs the model whose earlier calls' blocks are still alive, the most of them.
+
+    A call is a run of allocations made under that line, ended by any allocation that is not (the next
+    batch copied in, the loss, the backward on the engine's thread). Inside one forward pass the saved
+    activations stay alive until the backward; when a call's blocks are still alive after later calls of
+    the same line began, and they are a large part of all that call allocated (temporaries are freed,
+    what is saved for the backward is not), its output still holds its autograd graph: a validation loop
+    run with gradients on that keeps its outputs, or losses summed over calls for one backward.
+
+    What the same line did earlier in the trace says whether that is new: a step that runs the model on
+    several views before one backward holds as many calls at every step."""
+    tl = ev.oom_timeline
+    if tl is None or not ev.has_frames:
+        return
+    end = ev.oom_entry.index if ev.oom_entry is not None else len(tl.raw)
+    call_of = _model_calls(ev, tl)
+    count: dict[tuple[Any, Any, Any], int] = {}
+    volume: dict[CallId, int] = {}
+    live: dict[CallId, int] = {}
+    blocks: dict[CallId, int] = {}
+    first_index: dict[CallId, int] = {}
+    held_at_start: dict[CallId, int] = {}
+    owner: dict[Any, tuple[CallId, int]] = {}  # address -> (call, size)
+
+    def held(key: tuple[Any, Any, Any], upto: int) -> int:
+        return sum(1 for c in range(1, upto) if live[(key, c)] >= KEPT_CALL_SHARE * volume[(key, c)])
+
+    last: tuple[Any, Any, Any] | None = None  # the line the last allocation before the OOM was made under
+    for i, e in enumerate(tl.raw[:end]):
+        action = e.get("action")
+        if action == "alloc":
+            call = call_of.get(i)
+            last = call[0] if call is not None else None
+            if call is None:
+                continue
+            if call not in volume:
+                key, n = call
+                count[key] = n
+                held_at_start[call] = held(key, n)
+                first_index[call] = i
+                volume[call] = live[call] = blocks[call] = 0
+            size = e.get("size", 0)
+            size = size if isinstance(size, int) else 0
+            volume[call] += size
+            live[call] += size
+            blocks[call] += 1
+            owner[e.get("addr")] = (call, size)
+        elif action in ("free_requested", "free_completed"):
+            got = owner.pop(e.get("addr"), None)
+            if got is not None:
+                live[got[0]] -= got[1]
+                blocks[got[0]] -= 1
+    oom = ev.oom_entry
+    starts = model_call(ev.classifier, oom.frames) if oom is not None and oom.frames else None
+    best: KeptCalls | None = None
+    for key, n in count.items():
+        # the line's last call may be the one the OOM came in: only calls that a later one followed (the
+        # failing allocation, when it began a new call of the line)
+        if not (starts == key and last != key):
+            n -= 1
+        done = [c for c in range(1, n + 1) if live[(key, c)] >= KEPT_CALL_SHARE * volume[(key, c)]]
+        if not done:
+            continue
+        first = done[0]
+        kept = KeptCalls(
+            call=Site(str(key[0]), int(key[1] or 0), str(key[2])),
+            calls=len(done),
+            blocks=sum(blocks[(key, c)] for c in done),
+            bytes=sum(live[(key, c)] for c in done),
+            made=n,
+            before=max(held_at_start[(key, c)] for c in range(2, first + 1)) if first > 1 else None,
+            steps_before=len(trace_cycles(tl.levels[: first_index[(key, first)]], min_cycles=1)),
+            peak_before=tl.max_level_between(0, first_index[(key, first)]),
+        )
+        if best is None or kept.bytes > best.bytes:
+            best = kept
+    ev.kept_calls = best
 
 
 def _freed_after(tl: DeviceTimeline, allocs: list[int], first: int) -> bool:
@@ -1236,7 +1425,7 @@ def _step_swing(tl: DeviceTimeline) -> int:
     return fall
 
 
-def _is_cycle(tl: DeviceTimeline, a: int, c: int, swing: int = 0) -> bool:
+def _is_cycle(tl: DeviceTimeline, a: int, c: int, swing: int = 0, *, low_point: bool = True) -> bool:
     """Whether a training step ended between two survivors allocated at entries a and c.
 
     Far more was allocated in between than was kept (at least 4x the net growth), and either live
@@ -1248,6 +1437,7 @@ def _is_cycle(tl: DeviceTimeline, a: int, c: int, swing: int = 0) -> bool:
     down, so layer after layer of the same line does not count as steps; and between two steps' survivors
     live memory swings by at least half of what one step swings (``swing``), where between two layers of
     one forward it swings only by that layer's temporaries (``swing``: the trace's largest fall).
+    A block made inside a forward pass (``low_point`` false) is not made at the top of the loop.
     """
     if c - a < 3:
         return False
@@ -1265,6 +1455,8 @@ def _is_cycle(tl: DeviceTimeline, a: int, c: int, swing: int = 0) -> bool:
         # ... and came back up before ``c``: the next step's forward. Inside one backward pass memory falls
         # layer by layer (saved activations freed as gradients are made) and does not come back
         return net >= -s
+    if not low_point:
+        return False  # made inside a forward pass, not at the top of the loop
     # made at the step's low point (the top of the loop): nothing live at ``a`` is freed later, so memory
     # cannot fall below it; the step shows as a rise that came all the way back down before ``c``
     rise = tl.max_level_between(a + 1, c) - level_a

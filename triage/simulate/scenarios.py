@@ -341,7 +341,7 @@ class Program:
         self.record_frames = record_frames
         self._frames: dict[tuple[str, str, int], Frame] = {}
         self._stacks: dict[tuple[int, ...], FrameList] = {}
-        self._site_cache: dict[tuple[str, str], FrameList] = {}
+        self._site_cache: dict[tuple[str, ...], FrameList] = {}
         site, pyver, stdlib, src = rng.choice(_PY_ENVS)
         self.python_version = pyver
         self.torch_dir = f"{site}/torch"
@@ -449,6 +449,10 @@ class Program:
         self.ce_module = rng.random() < 0.5
         self.gelu_module = rng.random() < 0.5
         self.norm_op = "layer_norm"
+        # a validation function between the step function and the loop (no draws: the rest stays as it was)
+        self.eval_fn = "evaluate"
+        self.eval_lines = {"data": self.step_lines["log"] + 3, "call": self.step_lines["log"] + 4}
+        self.ctx = "forward"  # who calls the model: the training step, or "eval" (the validation function)
 
     # ------------------------------------------------------------------ frames
     def f(self, name: str, filename: str, line: int = 0) -> Frame:
@@ -581,6 +585,13 @@ class Program:
             return [self.f(self.main_fn, self.entry_file, self.main_lines["model_to"]), *self.outer()]
         if phase == "next":
             return [self.f(self.loop_fn, self.loop_file, self.loop_lines["next"]), *main]
+        if phase in ("eval", "eval.data"):
+            line = self.eval_lines["call" if phase == "eval" else "data"]
+            return [
+                self.f(self.eval_fn, self.loop_file, line),
+                self.f(self.loop_fn, self.loop_file, self.loop_lines["eval"]),
+                *main,
+            ]
         if self.has_step_fn:
             return [
                 self.f(self.step_fn, self.loop_file, self.step_lines[phase]),
@@ -593,7 +604,7 @@ class Program:
         mf = self.model_file
         W = self.wrap
         if self.arch == "transformer":
-            blocks = [self.f("forward", mf, self.model_lines["blocks"]), *W(), *self.loop("forward")]
+            blocks = [self.f("forward", mf, self.model_lines["blocks"]), *W(), *self.loop(self.ctx)]
             battn = [self.f("forward", mf, self.block_lines["attn"]), *W(), *blocks]
             bmlp = [self.f("forward", mf, self.block_lines["mlp"]), *W(), *blocks]
             if site == "sdpa":
@@ -606,10 +617,10 @@ class Program:
                     ]
                 return [self.f("forward", mf, self.attn_lines["sdpa"]), *W(), *battn]
             table: dict[str, list[Frame]] = {
-                "embed": [self.f("forward", mf, self.model_lines["embed"]), *W(), *self.loop("forward")],
-                "mem": [self.f("forward", mf, self.model_lines["mem"]), *W(), *self.loop("forward")],
-                "final_norm": [self.f("forward", mf, self.model_lines["norm"]), *W(), *self.loop("forward")],
-                "head": [self.f("forward", mf, self.model_lines["head"]), *W(), *self.loop("forward")],
+                "embed": [self.f("forward", mf, self.model_lines["embed"]), *W(), *self.loop(self.ctx)],
+                "mem": [self.f("forward", mf, self.model_lines["mem"]), *W(), *self.loop(self.ctx)],
+                "final_norm": [self.f("forward", mf, self.model_lines["norm"]), *W(), *self.loop(self.ctx)],
+                "head": [self.f("forward", mf, self.model_lines["head"]), *W(), *self.loop(self.ctx)],
                 "ln1": battn,
                 "res1": battn,
                 "qkv": [self.f("forward", mf, self.attn_lines["qkv"]), *W(), *battn],
@@ -621,14 +632,14 @@ class Program:
                 "fc2": [self.f("forward", mf, self.mlp_lines["fc2"]), *W(), *bmlp],
             }
             return table[site]
-        stages = [self.f("forward", mf, self.net_lines["stages"]), *W(), *self.loop("forward")]
+        stages = [self.f("forward", mf, self.net_lines["stages"]), *W(), *self.loop(self.ctx)]
         table = {
             "conv": [self.f("forward", mf, self.conv_lines["conv"]), *W(), *stages],
             "bn": [self.f("forward", mf, self.conv_lines["bn"]), *W(), *stages],
             "relu": [self.f("forward", mf, self.conv_lines["relu"]), *W(), *stages],
-            "stem": [self.f("forward", mf, self.net_lines["stem"]), *W(), *self.loop("forward")],
-            "pool": [self.f("forward", mf, self.net_lines["pool"]), *W(), *self.loop("forward")],
-            "head": [self.f("forward", mf, self.net_lines["fc"]), *W(), *self.loop("forward")],
+            "stem": [self.f("forward", mf, self.net_lines["stem"]), *W(), *self.loop(self.ctx)],
+            "pool": [self.f("forward", mf, self.net_lines["pool"]), *W(), *self.loop(self.ctx)],
+            "head": [self.f("forward", mf, self.net_lines["fc"]), *W(), *self.loop(self.ctx)],
         }
         return table[site]
 
@@ -660,7 +671,7 @@ class Program:
         if site == "loss":
             return ("cross_entropy_module" if self.ce_module else "cross_entropy"), self.loop("loss")
         if site == "data.to":
-            return "to", self.loop("data")
+            return "to", self.loop("eval.data" if self.ctx == "eval" else "data")
         if site == "init.to":
             return "module_to", self.loop("setup")
         if site in ("adam_state", "adam_foreach", "sgd_state", "sgd_foreach"):
@@ -685,7 +696,7 @@ class Program:
 
     def stack(self, site: str) -> FrameList:
         """Frames of an allocation at a site (interned: the same list object every time)."""
-        key = ("m", site)
+        key = ("m", site, self.ctx)
         st = self._site_cache.get(key)
         if st is None:
             op, chain = self._site(site)
@@ -945,6 +956,26 @@ class Job:
         if self.empty_cache_every and (k + 1) % self.empty_cache_every == 0:
             self.a.empty_cache()
 
+    def eval_pass(self, B: int, kept: list[list[int]], *, keep: bool) -> None:
+        """One validation batch run through the model from the validation function. With gradients on
+        (no ``torch.no_grad()``) every saved activation belongs to the output's autograd graph; ``keep``
+        appends the output to a list, which keeps the whole graph alive; else it all dies with the output."""
+        self.prog.ctx = "eval"
+        if self.spec.arch == "transformer":
+            batch, x, layers, mems, last, xf, stf, logits = self._forward_transformer(B, self.spec.seq)
+            graph = [*(t for layer in layers for t in layer), *mems, last, xf, stf, logits]
+            del x  # the first layer's input
+        else:
+            batch, saved, pooled, logits = self._forward_cnn(B)
+            graph = [*(t for row in saved for t in row), pooled, logits]
+        for t in batch:
+            self.fr(t, "forward")
+        if keep:
+            kept.append(graph)
+        else:
+            for t in graph:
+                self.fr(t, "forward")
+
     # -- the pieces shared by both architectures
     def _keep(self, k: int, B: int, S: int, logits: int, hidden_bytes: int) -> bool:
         """Apply the leak / cache after the forward pass; True when ``logits`` is kept."""
@@ -1003,7 +1034,11 @@ class Job:
                 self.fr(g, "zero")
             self.grads.clear()
 
-    def _step_transformer(self, k: int, B: int, S: int) -> None:
+    def _forward_transformer(
+        self, B: int, S: int
+    ) -> tuple[list[int], int, list[list[int]], list[int], int, int, int, int]:
+        """The forward pass: (batch tensors, embedding, saved activations per layer, new memories, last
+        residual, final norm and its stats, logits)."""
         sp = self.spec
         H, V, d, L = sp.hidden, sp.vocab, sp.act_bytes, sp.n_layers
         bsh = B * S * H * d
@@ -1036,6 +1071,13 @@ class Job:
         xf = self.m("final_norm", bsh)
         stf = self.m("final_norm", B * S * 8)
         logits = self.m("head", B * S * V * d)
+        return [ids, tgt], x, layers, new_mems, prev, xf, stf, logits
+
+    def _step_transformer(self, k: int, B: int, S: int) -> None:
+        sp = self.spec
+        H, V, d, L = sp.hidden, sp.vocab, sp.act_bytes, sp.n_layers
+        bsh = B * S * H * d
+        (ids, tgt), x, layers, new_mems, prev, xf, stf, logits = self._forward_transformer(B, S)
         for t in self.prev_locals:  # last step's `logits`, `loss`, batch die on rebinding
             self.fr(t, "forward")
         self.prev_locals = []
@@ -1106,7 +1148,8 @@ class Job:
             locals_.append(logits)
         self.prev_locals = locals_
 
-    def _step_cnn(self, k: int, B: int) -> None:
+    def _forward_cnn(self, B: int) -> tuple[list[int], list[list[int]], int, int]:
+        """The forward pass: (batch tensors, saved activations per layer, pooled features, logits)."""
         sp = self.spec
         d = sp.act_bytes
         ims = self.m("data.to", B * 3 * sp.image * sp.image * 4)
@@ -1123,6 +1166,12 @@ class Job:
             saved.append(row)
         pooled = self.m("pool", B * sp.channels[-1] * d)
         logits = self.m("head", B * sp.classes * d)
+        return [ims, tgt], saved, pooled, logits
+
+    def _step_cnn(self, k: int, B: int) -> None:
+        sp = self.spec
+        d = sp.act_bytes
+        (ims, tgt), saved, pooled, logits = self._forward_cnn(B)
         for t in self.prev_locals:
             self.fr(t, "forward")
         self.prev_locals = []
@@ -2036,6 +2085,68 @@ def workload_too_large(seed: int, **params: Any) -> ScenarioResult:
     return _attempts("workload_too_large", seed, params, body)
 
 
+@scenario("eval_leak")
+def eval_leak(seed: int, **params: Any) -> ScenarioResult:
+    """A validation loop run with gradients on (no ``torch.no_grad()``) after some training steps.
+    ``kept``: it keeps every batch's output, and with it the batch's whole autograd graph (every saved
+    activation), until the device is full: a leak at the line that calls the model, with no optimizer
+    step in between. ``big_batch`` (hard negative): nothing is kept, but the validation batch is several
+    times the training batch and its one forward pass does not fit: nothing leaks."""
+
+    def body(attempt: int) -> ScenarioResult:
+        w = _new_world("eval_leak", seed, attempt)
+        rng = w.rng
+        variant = str(
+            params.get("variant", _choice("eval_leak", seed, ["kept", "kept", "kept", "big_batch"]))
+        )
+        B = max(1, _batch_estimate(w, rng.uniform(0.2, 0.55)))
+        steps = int(params.get("steps", rng.randint(3, 24)))
+        run = _run(w, steps=steps, batch=B)
+        if run.oom is not None:
+            raise _Retry("the training steps do not fit")
+        job, a = run.job, run.alloc
+        eval_batch = B if variant == "kept" else B * rng.randint(3, 8)
+        kept: list[list[int]] = []
+        oom: SimulatedOOM | None = None
+        passes = 0
+        while oom is None and passes < 2000:
+            passes += 1
+            try:
+                job.eval_pass(eval_batch, kept, keep=variant == "kept")
+            except SimulatedOOM as exc:
+                oom = exc
+            a.advance(w.op_us * 10)
+        if oom is None:
+            raise _Retry("the validation loop never ran out of memory")
+        if variant == "kept" and passes < 5:
+            raise _Retry("too few validation batches before the OOM")
+        if variant != "kept" and passes > 1:
+            raise _Retry("the first validation batch fitted")
+        done = Run(a, job, run.timeline, oom, steps, steps, job.site)
+        if variant == "kept":
+            site = (
+                {"filename": w.prog.loop_file, "line": w.prog.eval_lines["call"], "name": w.prog.eval_fn}
+                if w.prog.record_frames
+                else None
+            )
+            truth = _truth(
+                "tensor_leak",
+                "eval_leak",
+                leak_site=site,
+                notes=f"{passes - 1} validation outputs kept with their graphs after {steps} training steps",
+            )
+        else:
+            truth = _truth(
+                "workload_too_large",
+                "eval_leak",
+                hard_negative=True,
+                notes=f"validation batch {eval_batch} (training batch {B}) run with gradients on; nothing kept",
+            )
+        return _gpu_result(w, done, truth, params, batch_size=B)
+
+    return _attempts("eval_leak", seed, params, body)
+
+
 def _frag_state(run: Run, cap: int) -> tuple[bool, int, int]:
     """(fits if compact, reserved - allocated, request) at the OOM."""
     a = run.alloc
@@ -2648,6 +2759,7 @@ PARAMS: dict[str, set[str]] = {
     "leak_like_big_batch": _LEAK_PARAMS,
     "leak_no_frames": _LEAK_PARAMS,
     "workload_too_large": {"batch_size"},
+    "eval_leak": {"variant", "steps"},
     "fragmentation": {"expandable", "steps"},
     "other_process": {"variant"},
     "gpu_quota": {"variant"},
@@ -2660,6 +2772,7 @@ VARIANTS: dict[str, list[str]] = {
     "other_process": ["from_start", "mid_run", "zombie", "several"],
     "gpu_quota": ["fraction", "mig", "smaller_device"],
     "small_request_big_hole": ["other_stream", "neighbour"],
+    "eval_leak": ["kept", "big_batch"],
 }
 
 
