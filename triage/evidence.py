@@ -244,6 +244,9 @@ class Survivors:
         return self.cycles / self.gaps if self.gaps else 0.0
 
 
+CallId = tuple[tuple[Any, Any, Any], int]  # (the user line that called the model, its n-th call)
+
+
 @dataclass
 class KeptCalls:
     """Blocks alive at the OOM from earlier calls of one line that runs the model (``out = model(x)``),
@@ -365,6 +368,7 @@ class Evidence:
     trend_source: str = "samples"  # samples (the collector's per-step memory) | trace (cycles in the trace)
     survivors: list[Survivors] = field(default_factory=list)
     kept_calls: KeptCalls | None = None
+    calls_by_device: dict[int, dict[int, CallId]] = field(default_factory=dict, repr=False)
     oom_entry: TraceEntry | None = None
     oom_timeline: DeviceTimeline | None = None
     shm_total_bytes: int | None = None
@@ -1191,7 +1195,6 @@ def _survivors(ev: Evidence) -> None:
     by_dev = {t.device: t for t in ev.timelines}
     by_site: dict[tuple[int, Site], list[int]] = {}
     swings: dict[int, int] = {}
-    calls: dict[int, dict[int, CallId]] = {}
     for st in ev.sites:
         if st.traced < 3 or st.site.kind in ("native", "unknown"):
             continue  # blocks without a stack are not one site: their survival proves nothing together
@@ -1203,9 +1206,7 @@ def _survivors(ev: Evidence) -> None:
         swing = swings.get(dev)
         if swing is None:
             swing = swings[dev] = _step_swing(tl)
-        if dev not in calls:
-            calls[dev] = _model_calls(ev, tl) if ev.has_frames else {}
-        call_of = calls[dev]
+        call_of = _model_calls(ev, tl)
         cycles = sum(
             1
             for a, c in itertools.pairwise(idx)
@@ -1278,13 +1279,17 @@ def model_call(classifier: FrameClassifier, frames: Sequence[Any]) -> tuple[Any,
     return call
 
 
-CallId = tuple[tuple[Any, Any, Any], int]  # (the user line that called the model, its n-th call)
-
-
 def _model_calls(ev: Evidence, tl: DeviceTimeline) -> dict[int, CallId]:
     """Which call of a model-running line each traced allocation was made in, by entry index. A call is
     a run of allocations made under that line, ended by any allocation that is not (the next batch
-    copied in, the loss, the backward on the engine's thread, the optimizer)."""
+    copied in, the loss, the backward on the engine's thread, the optimizer). Worked out once per device."""
+    got = ev.calls_by_device.get(tl.device)
+    if got is None:
+        got = ev.calls_by_device[tl.device] = _find_model_calls(ev, tl) if ev.has_frames else {}
+    return got
+
+
+def _find_model_calls(ev: Evidence, tl: DeviceTimeline) -> dict[int, CallId]:
     key_of: dict[int, tuple[Any, Any, Any] | None] = {}
     count: dict[tuple[Any, Any, Any], int] = {}
     out: dict[int, CallId] = {}
