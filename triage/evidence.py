@@ -260,7 +260,7 @@ class KeptCalls:
     made: int  # completed calls of that line in the trace
     # the most of the line's calls alive at once when an earlier one began (None: it had not run before)
     before: int | None
-    steps_before: int  # steps the trace shows before the first kept call
+    freed_before: int  # calls of any model line made before the first kept call, and since freed
     peak_before: int  # the most live memory before it
 
 
@@ -1236,16 +1236,17 @@ def kept_graphs(ev: Evidence) -> tuple[KeptCalls, int] | None:
     brought it back within what they needed. A step that runs the model several times before one
     backward (views of one sample, micro-batches of a pipeline) keeps its calls alive too, but every
     step does it: the trace shows the line holding as many calls before, or, when the line had not run
-    before, at least two steps without it must show that it is new."""
+    before, at least two earlier forward passes (of other lines), freed since, must show that the trace
+    reaches back into the steps before it."""
     kc = ev.kept_calls
     if kc is None or kc.calls < 2 or ev.batch_grew_from:
         return None
-    if (kc.calls <= kc.before) if kc.before is not None else kc.steps_before < 2:
+    if (kc.calls <= kc.before) if kc.before is not None else kc.freed_before < 2:
         # the line kept as many calls before (or the trace does not show it run without keeping them)
         return None
     # the collector's samples of the steps, and what the trace shows before the first kept call
     peaks = [s.peak_allocated_bytes for s in ev.steps] if len(ev.steps) >= 2 else []
-    if kc.steps_before >= 2:
+    if kc.freed_before >= 2:
         peaks.append(kc.peak_before)
     needed = ev.needed_bytes
     if not peaks or needed is None or needed <= max(peaks) or kc.bytes < needed - max(peaks):
@@ -1383,7 +1384,11 @@ def _kept_calls(ev: Evidence) -> None:
             bytes=sum(live[(key, c)] for c in done),
             made=n,
             before=max(held_at_start[(key, c)] for c in range(2, first + 1)) if first > 1 else None,
-            steps_before=len(trace_cycles(tl.levels[: first_index[(key, first)]], min_cycles=1)),
+            freed_before=sum(
+                1
+                for c, at in first_index.items()
+                if at < first_index[(key, first)] and live[c] < KEPT_CALL_SHARE * volume[c]
+            ),
             peak_before=tl.max_level_between(0, first_index[(key, first)]),
         )
         if best is None or kept.bytes > best.bytes:
