@@ -195,7 +195,7 @@ def eval_leak(batch):
     for i in range(min(10_000, STEPS)):
         b = torch.stack([Tokens(1 << 20, SEQ)[(1000 + i) * batch + j] for j in range(batch)])
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=not SMOKE):
-            logits, _ = model(b[:, :-1].to(dev))
+            logits, _ = model(b[:, :-1].to(dev))  # EVAL-CALL-LINE
         outputs.append(logits[:, -1])  # EVAL-LEAK-LINE: a view: keeps the logits and the graph
         print(f"eval batch {i}", flush=True)
 

@@ -134,11 +134,17 @@ def test_slow_leak(server: TriageServer, max_batch: int) -> None:
 
 def test_eval_leak(server: TriageServer) -> None:
     """Outputs kept from a validation loop without no_grad: each keeps its batch's graph. Within one eval
-    pass there are no optimizer steps; never a confident wrong answer."""
+    pass there are no optimizer steps; the forward passes of the validation line's calls are still alive,
+    and that line held none in the training steps: a leak named at the line that calls the model (the
+    append makes a view and allocates nothing). Never a confident wrong answer."""
     _, d = _incident(server, "eval_leak", "eval-leak", "8")
     RESULTS["eval_leak"]["truth"] = "tensor_leak"
     _save()
     assert d.verdict in ("tensor_leak", "inconclusive"), d.headline
+    if d.verdict == "tensor_leak":
+        site = d.leak_site or {}
+        assert site.get("filename", "").endswith("incidents.py")
+        assert site.get("line") == _line_of("EVAL-CALL-LINE"), site
 
 
 def test_batch_grow(server: TriageServer, max_batch: int) -> None:
