@@ -156,6 +156,24 @@ def evaluate(ev: Evidence) -> Finding | None:
                 "finished: a step unlike the earlier ones, which may not fit at all, packed or not."
             )
             f.score = min(f.score, LEAD)
+    kc = ev.kept_calls
+    if (
+        kc is not None
+        and kc.before is not None
+        and kc.calls
+        > kc.before + 1  # at the loss a step holds all its calls: one more than when its last began
+        and peaks
+        and needed is not None
+        and needed > max(peaks)
+    ):
+        # the step runs the model call after call and holds them all for one backward (a rollout, summed
+        # micro-batches); it holds more of them than any step before: its demand is new
+        f.facts.append(
+            f"This step holds {kc.calls} calls of the model at {kc.call.label} ({human(kc.bytes)}), more than "
+            f"any step before held at once ({kc.before}), and wanted more than every earlier step's peak: a "
+            "step unlike the earlier ones, which may not fit at all, packed or not."
+        )
+        f.score = min(f.score, LEAD)
     # with stacks, a trace of a few steps in which no site's surviving blocks were made in different steps
     # shows what a leak would have kept meanwhile: nothing
     watched = ev.has_frames and ev.trace_steps >= TRACE_MIN_CYCLES and not any(s.cycles for s in ev.survivors)

@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rules.base import CANDIDATE, LEAD, LIKELY, STRONG, Finding
-from triage.evidence import LATE_RISES, kept_graphs, trace_cycles
+from triage.evidence import LATE_RISES, kept_graphs, model_call, trace_cycles
 from triage.units import GiB, MiB, human
 
 if TYPE_CHECKING:
@@ -204,6 +204,40 @@ def _lead_by_growth(ev: Evidence, f: Finding) -> None:
     )
 
 
+def _lead_by_calls(ev: Evidence, f: Finding) -> None:
+    """When the steps prove a leak and no one line's blocks account for it: the line that calls the model,
+    when the trace shows its earlier calls still held and the live blocks made inside its calls (the
+    stacks of blocks older than the trace say so too) add up to what live memory grew by over the sampled
+    steps (0.8-1.5x): model outputs kept with their graphs, every layer's saved activations with them."""
+    trend, kc, tl = ev.trend, ev.kept_calls, ev.oom_timeline
+    if trend is None or kc is None or kc.calls < 2 or tl is None or ev.snapshot is None:
+        return
+    grown = trend.end_bytes - trend.start_bytes
+    if grown <= 0:
+        return
+    key = (kc.call.filename, kc.call.line, kc.call.name)
+    under: dict[int, bool] = {}
+    held = 0
+    for seg in ev.snapshot.segments:
+        if seg.device != tl.device:
+            continue
+        for b in seg.blocks:
+            if b.allocated and b.frames:
+                hit = under.get(id(b.frames))
+                if hit is None:
+                    hit = under[id(b.frames)] = model_call(ev.classifier, b.frames) == key
+                if hit:
+                    held += b.size
+    if not 0.8 * grown <= held <= 1.5 * grown:
+        return
+    f.leak_site = kc.call.to_dict()
+    f.facts.append(
+        f"{human(held)} of live blocks were made inside calls of the model at {kc.call.label}, as much as live "
+        f"memory grew over the {trend.steps} sampled steps ({human(grown)}); the trace shows {kc.calls} of those "
+        "calls still held: their outputs are kept with their autograd graphs."
+    )
+
+
 def evaluate(ev: Evidence) -> Finding | None:
     f = Finding(rule=ID, verdict=VERDICT, score=0.0)
     limit = ev.limit_bytes or 0
@@ -263,7 +297,21 @@ def evaluate(ev: Evidence) -> Finding | None:
             )
 
     graphs = kept_graphs(ev) if leak is None and not trend_growing else None
-    if graphs is not None:
+    unsure = kept_graphs(ev, unproven=True) if leak is None and not trend_growing and graphs is None else None
+    if unsure is not None:
+        kc, peak = unsure
+        f.facts.append(
+            f"{kc.blocks} blocks, {human(kc.bytes)}, allocated in {kc.calls} earlier calls of the model at "
+            f"{kc.call.label} are still alive, and the earlier steps peaked at {human(peak)}: outputs kept with "
+            "their autograd graphs (a validation loop without `torch.no_grad()`), unless every step runs the "
+            "model that many times before one backward."
+        )
+        f.missing.append(
+            "an allocator trace that reaches back into the steps before these calls (a larger "
+            "history_max_entries): whether this line held its calls at every step"
+        )
+        f.score = LEAD
+    elif graphs is not None:
         kc, peak = graphs
         f.facts[:0] = [
             f"{kc.blocks} blocks, {human(kc.bytes)}, allocated in {kc.calls} earlier calls of the model at "
@@ -294,6 +342,19 @@ def evaluate(ev: Evidence) -> Finding | None:
         )
         if st.site.kind in ("user", "library"):
             f.leak_site = st.site.to_dict()
+        held = ev.kept_calls
+        if held is not None and held.calls > leak.cycles and held.bytes >= 2 * st.bytes:
+            # what is kept with it is mostly whole forward passes: the outputs of those calls are kept with
+            # their graphs (a buffer of model outputs), and the call is the line to fix
+            f.facts.insert(
+                0,
+                f"{held.blocks} blocks, {human(held.bytes)}, from {held.calls} calls of the model at "
+                f"{held.call.label} are still alive across steps: the outputs of those calls are kept with their "
+                "autograd graphs (every saved activation).",
+            )
+            f.values["leak_bytes"] = held.bytes + st.bytes
+            f.values["kept_calls"] = held.calls
+            f.leak_site = held.call.to_dict()
         # decisive: with the leaked memory released, the failing request would have fitted
         decisive = ev.request_bytes is not None and st.bytes + (ev.device_free_bytes or 0) >= ev.request_bytes
         significant = st.bytes >= 64 * MiB or (ev.allocated_bytes and st.bytes >= 0.02 * ev.allocated_bytes)
@@ -382,6 +443,8 @@ def evaluate(ev: Evidence) -> Finding | None:
         _lead(ev, f)
         if f.leak_site is None:
             _lead_by_growth(ev, f)
+        if f.leak_site is None:
+            _lead_by_calls(ev, f)
     elif trend is not None and trend.steps >= 8 and trend.rising_fraction >= 0.9 and not trend.plateaued:
         # a small rise after every single step: live memory after a step is exact to the byte in a
         # healthy loop, so even a few KiB a step is something kept; the longer the run, the surer
@@ -397,7 +460,9 @@ def evaluate(ev: Evidence) -> Finding | None:
         _lead(ev, f)
         if f.leak_site is None:
             _lead_by_growth(ev, f)
-    elif trend_flat and graphs is None:
+        if f.leak_site is None:
+            _lead_by_calls(ev, f)
+    elif trend_flat and graphs is None and unsure is None:
         return None
     else:
         if ev.step is not None and ev.step <= 1 and ev.is_cuda_oom:

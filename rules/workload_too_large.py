@@ -33,7 +33,14 @@ from rules.base import (
     UNLIKE_EARLIER,
     Finding,
 )
-from triage.evidence import CUDA_CONTEXT_MAX, LATE_RISES, frame_key, kept_graphs, model_call
+from triage.evidence import (
+    CUDA_CONTEXT_MAX,
+    LATE_RISES,
+    TRACE_MIN_CYCLES,
+    frame_key,
+    kept_graphs,
+    model_call,
+)
 from triage.units import GiB, human
 
 if TYPE_CHECKING:
@@ -236,6 +243,27 @@ def _stranded(ev: Evidence, needed: int | None, usable: int | None) -> str | Non
     return None
 
 
+def _nothing_kept(ev: Evidence) -> bool:
+    """Without the step samples, whether the trace shows that nothing was kept that could have filled the
+    device instead of the step: stacks, no earlier forward passes still held (kept validation outputs), and
+    either several steps with no site's blocks surviving across them, or a trace from the start (nothing
+    live when it began: the model being loaded) that has seen no more than the first steps end (nothing
+    had time to leak).
+
+    The steps are the forward passes that came and went (calls of the model whose blocks were freed);
+    only when no call of a model shows in the stacks, the cycles of live memory, which a forward pass's
+    large temporaries can pass for, layer after layer."""
+    tl = ev.oom_timeline
+    if ev.trend is not None or tl is None or not ev.has_frames:
+        return False
+    if ev.kept_calls is not None and ev.kept_calls.calls >= 2:
+        return False
+    steps = ev.freed_calls if ev.freed_calls is not None else ev.trace_steps
+    if steps >= TRACE_MIN_CYCLES:
+        return True
+    return tl.start_allocated == 0 and steps <= (EARLY_STEPS if ev.freed_calls is not None else 1)
+
+
 def evaluate(ev: Evidence) -> Finding | None:
     if not ev.is_cuda_oom:
         return None
@@ -276,6 +304,19 @@ def evaluate(ev: Evidence) -> Finding | None:
                 f"The step needed {human(needed)}, more than the {human(usable)} it could ever hold."
             )
             f.score = LIKELY
+        elif (
+            needed is not None
+            and usable is not None
+            and usable - needed < MIN_WASTE_FRACTION * usable
+            and _nothing_kept(ev)
+        ):
+            # within a sliver of all it could hold, the step still going: packing the cache would have put
+            # the failure off by an allocation or two
+            f.facts.append(
+                f"The step needed {human(needed)}, all but {human(usable - needed)} "
+                f"({(usable - needed) / usable:.1%}) of the most it could ever hold, and had not finished."
+            )
+            f.score = LIKELY - 0.05
     if ev.has_snapshot and ev.largest_free_block_bytes is not None and ev.request_bytes is not None:
         ru = ev.reserved_unallocated_bytes or 0
         if needed is not None and usable is not None and needed > usable and ru < ev.request_bytes:
@@ -308,7 +349,10 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.facts.append(
             f"{human(ev.free_in_pool_bytes)} was free in the request's own pool: packed, it would have fitted."
         )
-        f.score -= 0.2
+        if usable is None or ev.free_in_pool_bytes >= MIN_WASTE_FRACTION * usable:
+            f.score -= 0.2
+        else:  # a sliver of what the job may hold: the next allocation of the step would have failed instead
+            f.facts.append(f"But that is {ev.free_in_pool_bytes / usable:.1%} of what the job could hold.")
     grown = ev.batch_grew_from
     if grown:
         f.facts.append(
@@ -337,13 +381,15 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.missing.append("what this step ran that the earlier ones did not (its input sizes, train or eval)")
         f.score = min(f.score, LEAD)
     graphs = kept_graphs(ev)
-    if graphs is not None:
-        kc, peak = graphs
+    unsure = kept_graphs(ev, unproven=True) if graphs is None and not early else None
+    kept = graphs or unsure
+    if kept is not None:
+        kc, peak = kept
         f.facts.append(
             f"{human(kc.bytes)} of it is {kc.calls} earlier calls of the model at {kc.call.label}, still "
             f"alive; without them this moment needed no more than the {human(peak)} earlier steps peaked at."
         )
-        f.score = min(f.score, CANDIDATE)
+        f.score = min(f.score, CANDIDATE if graphs is not None else LEAD)
     stranded = None if early else _stranded(ev, needed, usable)
     if stranded is not None and grown and needed is not None:
         # after the batch grew, the stranded memory is the story only if it is more than what the bigger

@@ -368,6 +368,7 @@ class Evidence:
     trend_source: str = "samples"  # samples (the collector's per-step memory) | trace (cycles in the trace)
     survivors: list[Survivors] = field(default_factory=list)
     kept_calls: KeptCalls | None = None
+    freed_calls: int | None = None  # calls of one model line in the trace freed since, the most (None: none seen)
     calls_by_device: dict[int, dict[int, CallId]] = field(default_factory=dict, repr=False)
     oom_entry: TraceEntry | None = None
     oom_timeline: DeviceTimeline | None = None
@@ -1229,20 +1230,31 @@ def _survivors(ev: Evidence) -> None:
     ev.survivors.sort(key=lambda s: (-s.cycles, -s.stats.bytes))
 
 
-def kept_graphs(ev: Evidence) -> tuple[KeptCalls, int] | None:
+def kept_graphs(ev: Evidence, *, unproven: bool = False) -> tuple[KeptCalls, int] | None:
     """(the kept calls, the highest earlier step's peak) when the OOM comes from forward passes kept
     alive: at least two earlier calls of one model-running line still hold their blocks, the earlier
     steps (same batch size) needed less than this moment, and freeing the kept calls' blocks would have
     brought it back within what they needed. A step that runs the model several times before one
     backward (views of one sample, micro-batches of a pipeline) keeps its calls alive too, but every
-    step does it: the trace shows the line holding as many calls before, or, when the line had not run
-    before, at least two earlier forward passes (of other lines), freed since, must show that the trace
-    reaches back into the steps before it."""
+    step does it: the trace shows the line holding half as many calls or more before (a step that runs
+    twice as many micro-batches holds twice as many), or, when the line had not run before, at least two
+    earlier forward passes (of other lines), freed since, must show that the trace reaches back into the
+    steps before it.
+
+    ``unproven``: the same, but for the case the trace cannot settle — it begins with the kept calls (a
+    short history), so whether the line kept as many at every step is not known."""
     kc = ev.kept_calls
     if kc is None or kc.calls < 2 or ev.batch_grew_from:
         return None
-    if (kc.calls <= kc.before) if kc.before is not None else kc.freed_before < 2:
-        # the line kept as many calls before (or the trace does not show it run without keeping them)
+    if kc.before is not None:
+        if kc.calls <= 2 * kc.before:
+            # the line held as many calls at once before, or nearly (a step that sums a varying number of
+            # micro-batches' losses for one backward holds one or two more when it runs more of them)
+            return None
+        known = True
+    else:
+        known = kc.freed_before >= 2  # else the trace does not show the line's calls freed before
+    if known == unproven:
         return None
     # the collector's samples of the steps, and what the trace shows before the first kept call
     peaks = [s.peak_allocated_bytes for s in ev.steps] if len(ev.steps) >= 2 else []
@@ -1369,9 +1381,9 @@ def _kept_calls(ev: Evidence) -> None:
     starts = model_call(ev.classifier, oom.frames) if oom is not None and oom.frames else None
     best: KeptCalls | None = None
     for key, n in count.items():
-        # the line's last call may be the one the OOM came in: only calls that a later one followed (the
-        # failing allocation, when it began a new call of the line)
-        if not (starts == key and last != key):
+        # the line's last call is the one the OOM came in when nothing else was allocated since and the
+        # failing allocation was made under the same line (or its stack is not known)
+        if last == key and (starts == key or not (oom is not None and oom.frames)):
             n -= 1
         done = [c for c in range(1, n + 1) if live[(key, c)] >= KEPT_CALL_SHARE * volume[(key, c)]]
         if not done:
@@ -1394,6 +1406,12 @@ def _kept_calls(ev: Evidence) -> None:
         if best is None or kept.bytes > best.bytes:
             best = kept
     ev.kept_calls = best
+    freed: dict[tuple[Any, Any, Any], int] = {}
+    for c in volume:
+        if live[c] < KEPT_CALL_SHARE * volume[c]:
+            freed[c[0]] = freed.get(c[0], 0) + 1
+    # a step may call several modules from its own lines (the model, the loss): count one line's calls
+    ev.freed_calls = max(freed.values(), default=0) if volume else None
 
 
 def _freed_after(tl: DeviceTimeline, allocs: list[int], first: int) -> bool:

@@ -174,3 +174,138 @@ def test_views_of_one_step_run_before_one_backward_are_no_leak() -> None:
     assert kc.before == 3 and kc.calls == 2
     assert kept_graphs(ev) is None
     assert d.verdict != "tensor_leak" and d.leak_site is None
+
+
+def test_summed_micro_batches_a_step_more_than_before_are_no_leak() -> None:
+    """Steps that sum two or three micro-batches' losses for one backward, then one with five: the line
+    held up to two calls at once before and holds four now (fewer than twice as many): a bigger step."""
+    t = Trace(0)
+    weights(t)
+    for chunks in (2, 3, 3, 2, 3):
+        saved: list[int] = []
+        for _ in range(chunks):
+            saved += forward(t, VIEW_CALL, 128 * MiB)
+        backward(t, saved)
+    for _ in range(4):
+        forward(t, VIEW_CALL, 128 * MiB)
+    t.alloc(16 * MiB, data(VIEW_CALL))
+    d, ev = diagnose_snapshot(normalise(oom(t, VIEW_CALL)))
+    kc = ev.kept_calls
+    assert kc is not None and (kc.before, kc.calls) == (2, 4)
+    assert kept_graphs(ev) is None and kept_graphs(ev, unproven=True) is None
+    assert d.verdict != "tensor_leak"
+
+
+def test_a_step_holding_more_calls_than_any_before_is_not_proved_fragmented() -> None:
+    """A rollout that runs the policy step after step and keeps every call for one update: when it holds
+    more calls than any rollout before and wants more than every earlier peak, holes at the OOM do not
+    convict the layout; the longer rollout may not fit at all."""
+    from rules import fragmentation
+    from triage.evidence import Evidence, KeptCalls, _step_samples
+    from triage.snapshot.frames import Site
+    from triage.snapshot.model import Segment, Snapshot
+    from triage.units import GiB
+
+    def evidence(calls: int) -> Evidence:
+        samples = [
+            {"step": i, "allocated_bytes": GiB, "peak_allocated_bytes": p * GiB, "batch_size": 64}
+            for i, p in enumerate((9, 10, 12, 13, 14, 15, 16))
+        ]
+        kc = KeptCalls(
+            Site("/w/rl.py", 153, "collect_rollout"), calls, 3000, 19 * GiB, calls, 40, 41, 16 * GiB
+        )
+        return Evidence(
+            kind="cuda_oom",
+            snapshot=Snapshot([Segment(0, 0, 1, 0, "large", (0, 0), False, [], [])], [], {}, [], era="v2"),
+            total_bytes=24 * GiB,
+            reserved_bytes=21 * GiB,
+            allocated_bytes=18 * GiB,
+            device_free_bytes=8 * MiB,
+            request_bytes=18 * MiB,
+            largest_free_block_bytes=8 * MiB,
+            free_in_pool_bytes=3 * GiB,
+            batch_size=64,
+            step=7,
+            steps=_step_samples(samples),
+            kept_calls=kc,
+        )
+
+    more = fragmentation.evaluate(evidence(46))
+    same = fragmentation.evaluate(evidence(40))
+    assert more is not None and same is not None
+    assert any("more than any step before" in s for s in more.facts)
+    assert more.score < same.score and more.score <= 0.55
+
+
+ROLL_CALL = line(124, "collect_rollout")  # `logits = policy(obs)`, the output stored in a replay buffer
+OBS = [line(123, "collect_rollout"), *MAIN]  # `obs = torch.as_tensor(obs, device=device)`, stored too
+
+
+def replay_buffer(updates: int) -> tuple[dict[str, Any], list[int]]:
+    """Each update collects two policy outputs with their graphs (8 saved 32 MiB activations each) and
+    their observations into a buffer that is never emptied, then trains on a batch (a 4 GiB forward and
+    backward, all freed). Returns the raw snapshot and the trace index where each update began."""
+    t = Trace(0)
+    weights(t)
+    starts = []
+    for _ in range(updates):
+        starts.append(len(t.entries))
+        for _ in range(2):
+            t.alloc(16 * MiB, OBS)
+            forward(t, ROLL_CALL, 32 * MiB)
+        backward(t, forward(t, TRAIN_CALL, 512 * MiB))
+    forward(t, TRAIN_CALL, 512 * MiB)[:0]
+    return oom(t, TRAIN_CALL), starts
+
+
+def test_a_buffer_of_outputs_with_their_graphs_is_named_at_the_call_not_at_the_observation() -> None:
+    """Both the observations and the outputs' graphs outlive the updates; the graphs are most of it (16
+    calls' activations against 16 observations), so the line to fix is the call whose outputs are kept."""
+    raw, _ = replay_buffer(updates=8)
+    d, ev = diagnose_snapshot(normalise(raw))
+    obs = next(s for s in ev.survivors if s.stats.site.line == OBS[0]["line"])
+    assert obs.cycles >= 3
+    assert ev.kept_calls is not None and ev.kept_calls.call.line == ROLL_CALL["line"]
+    assert d.verdict == "tensor_leak" and d.leak_site == ROLL_CALL
+    assert any("kept with their autograd graphs" in e.fact for e in d.evidence)
+
+
+def test_the_steps_prove_the_leak_and_the_kept_calls_name_it() -> None:
+    """The collector's samples show live memory rising at every update; the trace reaches back only into
+    the last update. No one line's blocks add up to the growth, but the blocks made inside the policy's
+    calls do (their stacks are in the snapshot, older than the trace or not)."""
+    updates = 8
+    raw, starts = replay_buffer(updates)
+    raw["device_traces"][0] = raw["device_traces"][0][starts[-1] :]
+    per_update = 2 * (16 + 8 * 32) * MiB
+    base = 2048 * MiB
+    timeline = [
+        {
+            "step": k + 1,
+            "allocated_bytes": base + (k + 1) * per_update,
+            "peak_allocated_bytes": base + 4096 * MiB,
+        }
+        for k in range(updates)
+    ]
+    held = sum(seg["allocated_size"] for seg in raw["segments"])
+    bundle = {
+        "schema": "oom-triage/incident@1",
+        "incident_id": "00000000-0000-0000-0000-00000000b0f1",
+        "occurred_at": "2026-11-29T12:00:00Z",
+        "kind": "cuda_oom",
+        "workload": {"step": updates, "batch_size": 64, "pid": 7, "pids": [7]},
+        "device": {
+            "index": 0,
+            "name": "NVIDIA A10",
+            "total_bytes": held + 600 * MiB,
+            "free_bytes": 100 * MiB,
+            "processes": [{"pid": 7, "used_bytes": held + 500 * MiB, "name": "python"}],
+        },
+        "timeline": timeline,
+        "snapshot": raw,
+    }
+    from triage.pipeline import diagnose_bundle
+
+    d, ev = diagnose_bundle(bundle)
+    assert ev.trend is not None and not any(s.cycles >= 3 for s in ev.survivors)
+    assert d.verdict == "tensor_leak" and d.leak_site == ROLL_CALL, d.headline
