@@ -1349,8 +1349,16 @@ def _kept_calls(ev: Evidence) -> None:
     held_at_start: dict[CallId, int] = {}
     owner: dict[Any, tuple[CallId, int]] = {}  # address -> (call, size)
 
+    holding: dict[tuple[Any, Any, Any], list[int]] = {}  # per line, its ended calls that may still be held
+
     def held(key: tuple[Any, Any, Any], upto: int) -> int:
-        return sum(1 for c in range(1, upto) if live[(key, c)] >= KEPT_CALL_SHARE * volume[(key, c)])
+        """How many of the line's calls before ``upto`` still hold their share. A call that ended stops
+        holding for good when it falls below (nothing it made comes back), so each is dropped once."""
+        calls = holding.setdefault(key, [])
+        if upto > 1:
+            calls.append(upto - 1)
+        calls[:] = [c for c in calls if live[(key, c)] >= KEPT_CALL_SHARE * volume[(key, c)]]
+        return len(calls)
 
     last: tuple[Any, Any, Any] | None = None  # the line the last allocation before the OOM was made under
     for i, e in enumerate(tl.raw[:end]):
