@@ -368,7 +368,9 @@ class Evidence:
     trend_source: str = "samples"  # samples (the collector's per-step memory) | trace (cycles in the trace)
     survivors: list[Survivors] = field(default_factory=list)
     kept_calls: KeptCalls | None = None
-    freed_calls: int | None = None  # calls of one model line in the trace freed since, the most (None: none seen)
+    freed_calls: int | None = (
+        None  # calls of one model line in the trace freed since, the most (None: none seen)
+    )
     calls_by_device: dict[int, dict[int, CallId]] = field(default_factory=dict, repr=False)
     oom_entry: TraceEntry | None = None
     oom_timeline: DeviceTimeline | None = None
