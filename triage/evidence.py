@@ -368,9 +368,8 @@ class Evidence:
     trend_source: str = "samples"  # samples (the collector's per-step memory) | trace (cycles in the trace)
     survivors: list[Survivors] = field(default_factory=list)
     kept_calls: KeptCalls | None = None
-    freed_calls: int | None = (
-        None  # calls of one model line in the trace freed since, the most (None: none seen)
-    )
+    # calls of one model line in the trace freed since, the most of any line (None: no call seen)
+    freed_calls: int | None = None
     calls_by_device: dict[int, dict[int, CallId]] = field(default_factory=dict, repr=False)
     oom_entry: TraceEntry | None = None
     oom_timeline: DeviceTimeline | None = None
