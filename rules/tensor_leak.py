@@ -17,6 +17,15 @@ Two independent signals, either of which can carry the verdict:
 2. The per-step timeline (the collector samples live memory after every optimizer step): a floor that
    rises in most steps and keeps rising to the end. A floor that rose and then flattened is a bounded
    cache or warm-up; it clears the leak.
+3. Forward passes kept alive (``triage.evidence.kept_graphs``): a call of the model saves its activations
+   for the backward; if its output is kept (a validation loop without ``torch.no_grad()`` appending its
+   outputs, a buffer of policy outputs), every saved activation stays alive with it, and no optimizer
+   step passes between the calls. When several earlier calls of one line are still held, the same line
+   held less than half as many at once in the steps the trace shows (or had not run in them), and the
+   earlier steps needed less than this moment by no more than what those calls hold, the line that
+   calls the model is the leak. A step that runs the model on several views or micro-batches before one
+   backward holds its calls too, at every step; when the trace begins with the kept calls and cannot
+   tell, the leak stays a lead. When calls are most of what survives across steps, they name the site.
 
 The leak site is the innermost user-code frame of the surviving blocks' stacks (library and C++ frames
 skipped; see ``triage.snapshot.frames``). Without stacks the verdict can stand on the timeline, with

@@ -8,6 +8,13 @@ When nothing else on the device is large (no neighbour process, no quota below t
 memory does not grow across steps (no leak), and when the cached free memory could not have served the
 request anyway (no fragmentation), the step itself is too big.
 
+Without the step samples (a replay), a step that failed within a few percent of all the job could hold is
+too large when the trace shows nothing kept that could have filled the device instead (several forward
+passes came and went with no block surviving across them, or the trace begins with the model's load and
+has seen no more than the first steps); packing the cache's last holes would have put the failure off by
+an allocation or two, not let the step finish. Earlier forward passes still held (kept outputs) fill the
+device the same way and keep it a candidate.
+
 The maximum batch size is estimated from the fixed part and the per-sample part:
 - from completed steps, when the collector sampled them: fixed = live memory after the last step,
   per-sample = (the step's peak − fixed) / batch size;
