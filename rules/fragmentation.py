@@ -160,8 +160,9 @@ def evaluate(ev: Evidence) -> Finding | None:
     if (
         kc is not None
         and kc.before is not None
-        and kc.calls
-        > kc.before + 1  # at the loss a step holds all its calls: one more than when its last began
+        # held as its next call began, against the most held as one began before; after its last call (the
+        # loss, the backward) a step holds all of them, one more than when its last one began
+        and kc.calls > kc.before + (0 if kc.in_call else 1)
         and peaks
         and needed is not None
         and needed > max(peaks)

@@ -263,8 +263,9 @@ def _nothing_kept(ev: Evidence) -> bool:
     tl = ev.oom_timeline
     if ev.trend is not None or tl is None or not ev.has_frames:
         return False
-    if ev.kept_calls is not None and ev.kept_calls.calls >= 2:
-        return False
+    kc = ev.kept_calls
+    if kc is not None and kc.calls >= 2 and (kc.before is None or kc.calls > 2 * kc.before):
+        return False  # earlier calls held, more than the line ever held: maybe outputs kept
     steps = ev.freed_calls if ev.freed_calls is not None else ev.trace_steps
     if steps >= TRACE_MIN_CYCLES:
         return True

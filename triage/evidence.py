@@ -262,6 +262,7 @@ class KeptCalls:
     before: int | None
     freed_before: int  # calls of any model line made before the first kept call, and since freed
     peak_before: int  # the most live memory before it
+    in_call: bool = False  # the failing allocation was made under the same line (a call of it had begun)
 
 
 def _trend(samples: Sequence[Any]) -> StepTrend | None:
@@ -1411,6 +1412,7 @@ def _kept_calls(ev: Evidence) -> None:
                 if at < first_index[(key, first)] and live[c] < KEPT_CALL_SHARE * volume[c]
             ),
             peak_before=tl.max_level_between(0, first_index[(key, first)]),
+            in_call=starts == key,
         )
         if best is None or kept.bytes > best.bytes:
             best = kept

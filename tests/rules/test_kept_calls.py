@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tests.rules.rawsnap import MiB, Trace
 from triage.evidence import kept_graphs
 from triage.pipeline import diagnose_snapshot
@@ -309,3 +311,34 @@ def test_the_steps_prove_the_leak_and_the_kept_calls_name_it() -> None:
     d, ev = diagnose_bundle(bundle)
     assert ev.trend is not None and not any(s.cycles >= 3 for s in ev.survivors)
     assert d.verdict == "tensor_leak" and d.leak_site == ROLL_CALL, d.headline
+
+
+@pytest.mark.parametrize(("in_call", "new"), [(True, True), (False, False)])
+def test_one_call_more_than_before_is_new_only_when_the_next_call_had_begun(in_call: bool, new: bool) -> None:
+    """Steps summed up to three micro-batches (two held as the third began). Three held as a fourth
+    begins is a step bigger than any before; three held in the loss after the third is every step."""
+    from rules import fragmentation
+    from triage.evidence import Evidence, KeptCalls, _step_samples
+    from triage.snapshot.frames import Site
+    from triage.snapshot.model import Segment, Snapshot
+    from triage.units import GiB
+
+    samples = [{"step": i, "allocated_bytes": GiB, "peak_allocated_bytes": 19 * GiB} for i in range(6)]
+    kc = KeptCalls(Site("/w/train.py", 115, "training_step"), 3, 600, 13 * GiB, 21, 2, 18, 19 * GiB, in_call)
+    ev = Evidence(
+        kind="cuda_oom",
+        snapshot=Snapshot([Segment(0, 0, 1, 0, "large", (0, 0), False, [], [])], [], {}, [], era="v2"),
+        total_bytes=24 * GiB,
+        reserved_bytes=int(21.5 * GiB),
+        allocated_bytes=20 * GiB,
+        device_free_bytes=36 * MiB,
+        request_bytes=80 * MiB,
+        largest_free_block_bytes=4 * MiB,
+        free_in_pool_bytes=int(1.5 * GiB),
+        step=6,
+        steps=_step_samples(samples),
+        kept_calls=kc,
+    )
+    f = fragmentation.evaluate(ev)
+    assert f is not None
+    assert any("more than any step before" in s for s in f.facts) is new
