@@ -263,6 +263,8 @@ def _nothing_kept(ev: Evidence) -> bool:
     tl = ev.oom_timeline
     if ev.trend is not None or tl is None or not ev.has_frames:
         return False
+    if any(s.cycles for s in ev.survivors):
+        return False  # some line's blocks outlived a step: a leak too young to convict, but there
     kc = ev.kept_calls
     if kc is not None and kc.calls >= 2 and (kc.before is None or kc.calls > 2 * kc.before):
         return False  # earlier calls held, more than the line ever held: maybe outputs kept
