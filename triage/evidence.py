@@ -1351,16 +1351,21 @@ def _kept_calls(ev: Evidence) -> None:
     held_at_start: dict[CallId, int] = {}
     owner: dict[Any, tuple[CallId, int]] = {}  # address -> (call, size)
 
-    holding: dict[tuple[Any, Any, Any], list[int]] = {}  # per line, its ended calls that may still be held
+    # per line, how many of its ended calls still hold their share; a call ends when the line's next one
+    # begins, and stops holding for good at the free that takes it below (nothing it made comes back)
+    holding: dict[tuple[Any, Any, Any], int] = {}
+    held_calls: set[CallId] = set()
+
+    def holds(c: CallId) -> bool:
+        return live[c] >= KEPT_CALL_SHARE * volume[c]
 
     def held(key: tuple[Any, Any, Any], upto: int) -> int:
-        """How many of the line's calls before ``upto`` still hold their share. A call that ended stops
-        holding for good when it falls below (nothing it made comes back), so each is dropped once."""
-        calls = holding.setdefault(key, [])
-        if upto > 1:
-            calls.append(upto - 1)
-        calls[:] = [c for c in calls if live[(key, c)] >= KEPT_CALL_SHARE * volume[(key, c)]]
-        return len(calls)
+        """How many of the line's calls before ``upto`` still hold their share."""
+        ended = (key, upto - 1)
+        if upto > 1 and holds(ended):
+            held_calls.add(ended)
+            holding[key] = holding.get(key, 0) + 1
+        return holding.get(key, 0)
 
     last: tuple[Any, Any, Any] | None = None  # the line the last allocation before the OOM was made under
     for i, e in enumerate(tl.raw[:end]):
@@ -1385,8 +1390,12 @@ def _kept_calls(ev: Evidence) -> None:
         elif action in ("free_requested", "free_completed"):
             got = owner.pop(e.get("addr"), None)
             if got is not None:
-                live[got[0]] -= got[1]
-                blocks[got[0]] -= 1
+                c = got[0]
+                live[c] -= got[1]
+                blocks[c] -= 1
+                if c in held_calls and not holds(c):
+                    held_calls.discard(c)
+                    holding[c[0]] -= 1
     oom = ev.oom_entry
     starts = model_call(ev.classifier, oom.frames) if oom is not None and oom.frames else None
     best: KeptCalls | None = None
