@@ -37,7 +37,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rules.base import CANDIDATE, LEAD, LIKELY, STRONG, Finding
-from triage.evidence import LATE_RISES, kept_graphs, model_call, trace_cycles
+from triage.evidence import LATE_RISES, kept_graphs, live_under_calls, trace_cycles
 from triage.units import GiB, MiB, human
 
 if TYPE_CHECKING:
@@ -224,19 +224,7 @@ def _lead_by_calls(ev: Evidence, f: Finding) -> None:
     grown = trend.end_bytes - trend.start_bytes
     if grown <= 0:
         return
-    key = (kc.call.filename, kc.call.line, kc.call.name)
-    under: dict[int, bool] = {}
-    held = 0
-    for seg in ev.snapshot.segments:
-        if seg.device != tl.device:
-            continue
-        for b in seg.blocks:
-            if b.allocated and b.frames:
-                hit = under.get(id(b.frames))
-                if hit is None:
-                    hit = under[id(b.frames)] = model_call(ev.classifier, b.frames) == key
-                if hit:
-                    held += b.size
+    held = live_under_calls(ev).get((kc.call.filename, kc.call.line, kc.call.name), (0, 0))[0]
     if not 0.8 * grown <= held <= 1.5 * grown:
         return
     f.leak_site = kc.call.to_dict()

@@ -46,6 +46,7 @@ from triage.evidence import (
     TRACE_MIN_CYCLES,
     frame_key,
     kept_graphs,
+    live_under_calls,
     model_call,
 )
 from triage.units import GiB, human
@@ -164,20 +165,8 @@ def _call_line(ev: Evidence) -> tuple[Any, Any, Any] | None:
     call = model_call(ev.classifier, oom.frames) if oom is not None and oom.frames else None
     if call is not None or ev.snapshot is None or ev.oom_timeline is None:
         return call
-    calls: dict[int, tuple[Any, Any, Any] | None] = {}  # by frames-list identity (stacks are shared)
-    under: dict[tuple[Any, Any, Any], int] = {}
-    for seg in ev.snapshot.segments:
-        if seg.device != ev.oom_timeline.device:
-            continue
-        for b in seg.blocks:
-            if b.allocated and b.frames:
-                key = id(b.frames)
-                if key not in calls:
-                    calls[key] = model_call(ev.classifier, b.frames)
-                c = calls[key]
-                if c is not None:
-                    under[c] = under.get(c, 0) + b.requested_size
-    return max(under, key=lambda c: under[c]) if under else None
+    under = live_under_calls(ev)
+    return max(under, key=lambda c: under[c][1]) if under else None
 
 
 def _first_forward(ev: Evidence, end: int) -> int | None:
@@ -266,7 +255,7 @@ def _nothing_kept(ev: Evidence) -> bool:
     if any(s.cycles for s in ev.survivors):
         return False  # some line's blocks outlived a step: a leak too young to convict, but there
     kc = ev.kept_calls
-    if kc is not None and kc.calls >= 2 and (kc.before is None or kc.calls > 2 * kc.before):
+    if kc is not None and kc.calls >= 2 and kc.more_than_before:
         return False  # earlier calls held, more than the line ever held: maybe outputs kept
     steps = ev.freed_calls if ev.freed_calls is not None else ev.trace_steps
     if steps >= TRACE_MIN_CYCLES:

@@ -264,6 +264,12 @@ class KeptCalls:
     peak_before: int  # the most live memory before it
     in_call: bool = False  # the failing allocation was made under the same line (a call of it had begun)
 
+    @property
+    def more_than_before(self) -> bool:
+        """More than twice the calls the line ever held at once before (or it had not run before): not
+        what its steps do (a step that runs twice as many micro-batches holds twice as many)."""
+        return self.before is None or self.calls > 2 * self.before
+
 
 def _trend(samples: Sequence[Any]) -> StepTrend | None:
     return _trend_of(_step_samples(samples))
@@ -372,6 +378,7 @@ class Evidence:
     # calls of one model line in the trace freed since, the most of any line (None: no call seen)
     freed_calls: int | None = None
     calls_by_device: dict[int, dict[int, CallId]] = field(default_factory=dict, repr=False)
+    under_calls: dict[tuple[Any, Any, Any], tuple[int, int]] | None = field(default=None, repr=False)
     oom_entry: TraceEntry | None = None
     oom_timeline: DeviceTimeline | None = None
     shm_total_bytes: int | None = None
@@ -1248,14 +1255,12 @@ def kept_graphs(ev: Evidence, *, unproven: bool = False) -> tuple[KeptCalls, int
     kc = ev.kept_calls
     if kc is None or kc.calls < 2 or ev.batch_grew_from:
         return None
-    if kc.before is not None:
-        if kc.calls <= 2 * kc.before:
-            # the line held as many calls at once before, or nearly (a step that sums a varying number of
-            # micro-batches' losses for one backward holds one or two more when it runs more of them)
-            return None
-        known = True
-    else:
-        known = kc.freed_before >= 2  # else the trace does not show the line's calls freed before
+    if not kc.more_than_before:
+        # the line held as many calls at once before, or nearly (a step that sums a varying number of
+        # micro-batches' losses for one backward holds one or two more when it runs more of them)
+        return None
+    # the line held fewer before; or, new in the trace, the trace shows the line's calls freed before
+    known = kc.before is not None or kc.freed_before >= 2
     if known == unproven:
         return None
     # the collector's samples of the steps, and what the trace shows before the first kept call
@@ -1292,6 +1297,32 @@ def model_call(classifier: FrameClassifier, frames: Sequence[Any]) -> tuple[Any,
         elif is_python and fr.get("name") in _MODULE_CALL and "modules/module" in str(fr.get("filename", "")):
             inside = True
     return call
+
+
+def live_under_calls(ev: Evidence) -> dict[tuple[Any, Any, Any], tuple[int, int]]:
+    """(block bytes, requested bytes) of the live blocks on the OOM's device made inside the calls of each
+    model-running line, by the line; their stacks say so whether or not the trace reaches back to them.
+    Worked out once."""
+    if ev.under_calls is not None:
+        return ev.under_calls
+    out: dict[tuple[Any, Any, Any], tuple[int, int]] = {}
+    tl = ev.oom_timeline
+    if ev.snapshot is not None and tl is not None:
+        calls: dict[int, tuple[Any, Any, Any] | None] = {}  # by frames-list identity (stacks are shared)
+        for seg in ev.snapshot.segments:
+            if seg.device != tl.device:
+                continue
+            for b in seg.blocks:
+                if b.allocated and b.frames:
+                    key = id(b.frames)
+                    if key not in calls:
+                        calls[key] = model_call(ev.classifier, b.frames)
+                    c = calls[key]
+                    if c is not None:
+                        size, requested = out.get(c, (0, 0))
+                        out[c] = (size + b.size, requested + b.requested_size)
+    ev.under_calls = out
+    return out
 
 
 def _model_calls(ev: Evidence, tl: DeviceTimeline) -> dict[int, CallId]:
@@ -1368,7 +1399,7 @@ def _kept_calls(ev: Evidence) -> None:
         return holding.get(key, 0)
 
     last: tuple[Any, Any, Any] | None = None  # the line the last allocation before the OOM was made under
-    for i, e in enumerate(tl.raw[:end]):
+    for i, e in enumerate(itertools.islice(tl.raw, end)):
         action = e.get("action")
         if action == "alloc":
             call = call_of.get(i)
@@ -1404,7 +1435,7 @@ def _kept_calls(ev: Evidence) -> None:
         # failing allocation was made under the same line (or its stack is not known)
         if last == key and (starts == key or not (oom is not None and oom.frames)):
             n -= 1
-        done = [c for c in range(1, n + 1) if live[(key, c)] >= KEPT_CALL_SHARE * volume[(key, c)]]
+        done = [c for c in range(1, n + 1) if holds((key, c))]
         if not done:
             continue
         first = done[0]
@@ -1416,9 +1447,7 @@ def _kept_calls(ev: Evidence) -> None:
             made=n,
             before=max(held_at_start[(key, c)] for c in range(2, first + 1)) if first > 1 else None,
             freed_before=sum(
-                1
-                for c, at in first_index.items()
-                if at < first_index[(key, first)] and live[c] < KEPT_CALL_SHARE * volume[c]
+                1 for c, at in first_index.items() if at < first_index[(key, first)] and not holds(c)
             ),
             peak_before=tl.max_level_between(0, first_index[(key, first)]),
             in_call=starts == key,
@@ -1428,7 +1457,7 @@ def _kept_calls(ev: Evidence) -> None:
     ev.kept_calls = best
     freed: dict[tuple[Any, Any, Any], int] = {}
     for c in volume:
-        if live[c] < KEPT_CALL_SHARE * volume[c]:
+        if not holds(c):
             freed[c[0]] = freed.get(c[0], 0) + 1
     # a step may call several modules from its own lines (the model, the loss): count one line's calls
     ev.freed_calls = max(freed.values(), default=0) if volume else None

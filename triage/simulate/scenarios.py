@@ -962,9 +962,9 @@ class Job:
         appends the output to a list, which keeps the whole graph alive; else it all dies with the output."""
         self.prog.ctx = "eval"
         if self.spec.arch == "transformer":
-            batch, x, layers, mems, last, xf, stf, logits = self._forward_transformer(B, self.spec.seq)
+            # the embedding is the first layer's input: in ``layers``
+            batch, _, layers, mems, last, xf, stf, logits = self._forward_transformer(B, self.spec.seq)
             graph = [*(t for layer in layers for t in layer), *mems, last, xf, stf, logits]
-            del x  # the first layer's input
         else:
             batch, saved, pooled, logits = self._forward_cnn(B)
             graph = [*(t for row in saved for t in row), pooled, logits]
