@@ -164,7 +164,7 @@ def build(
         _log.debug(f"workload: {e!r}")
     if torch is not None:
         try:
-            _torch.probe_frames(st, _torch.traceback_frames(exc))  # the loop's DataLoader and batch
+            _torch.probe_frames(st, _torch.traceback_frames(exc))  # the failing step's batch
         except Exception:
             pass
     pid = os.getpid()

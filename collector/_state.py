@@ -36,6 +36,7 @@ class State:
         self.explicit_batch_size: int | None = None
         self.loader_batch_size: int | None = None
         self.leading_dim_batch_size: int | None = None
+        self.batch_code: tuple[str, str, int] | None = None  # the function whose locals gave it
         self.dataloader_workers: int | None = None
         self.timeline: deque[Sample] = deque(maxlen=4096)
         self.peak_reset = False

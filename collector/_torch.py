@@ -222,7 +222,11 @@ def _lead_in(loc: dict[str, Any], tensor_cls: Any, param_cls: Any) -> int | None
 def probe_frames(st: State, frames: Any) -> None:
     """Batch size and DataLoader workers from the training loop's own frames (their locals): the
     DataLoader in use and the batch it yielded. Reads only; nothing is wrapped, so tracebacks and
-    the data path stay exactly torch's."""
+    the data path stay exactly torch's.
+
+    The function whose locals gave the batch once gives it at every later probe, and at the OOM (whose
+    traceback holds the failing step's frames): a batch-size schedule is followed, and the failing step
+    is told with its own batch, not the one the last step probe saw."""
     torch = torch_module()
     try:
         loader_cls = torch.utils.data.DataLoader
@@ -230,21 +234,25 @@ def probe_frames(st: State, frames: Any) -> None:
         param_cls = torch.nn.Parameter
     except Exception:
         return
-    first_lead: int | None = None
+    first: tuple[int, Any] | None = None  # (leading dimension, code) of the first frame with a batch
+    same: int | None = None  # from the function that gave it before
     for i, f in enumerate(frames):
-        if i >= _MAX_FRAMES:
+        if i >= _MAX_FRAMES and (same is not None or st.batch_code is None):
             break
         try:
             loc = f.f_locals
         except Exception:
             continue
         module_level = f.f_code.co_name == "<module>"  # globals: constants, not the batch
-        loaders = [v for v in list(loc.values()) if isinstance(v, loader_cls)]
         lead = None if module_level else _lead_in(loc, tensor_cls, param_cls)
-        if first_lead is None:
-            first_lead = lead
-        if loaders:
-            dl = loaders[0]
+        if lead and same is None and st.batch_code is not None and _code_id(f.f_code) == st.batch_code:
+            same = lead
+        if i >= _MAX_FRAMES:
+            continue
+        if lead and first is None:
+            first = (lead, f.f_code)
+        if any(isinstance(v, loader_cls) for v in list(loc.values())):
+            dl = next(v for v in list(loc.values()) if isinstance(v, loader_cls))
             bs = getattr(dl, "batch_size", None)
             if not isinstance(bs, int):
                 bs = getattr(getattr(dl, "batch_sampler", None), "batch_size", None)
@@ -253,11 +261,18 @@ def probe_frames(st: State, frames: Any) -> None:
                 st.dataloader_workers = int(dl.num_workers)
             except Exception:
                 pass
-            if lead or first_lead:
-                st.leading_dim_batch_size = lead or first_lead
-            return
-    if first_lead is not None and st.leading_dim_batch_size is None:
-        st.leading_dim_batch_size = first_lead
+            if lead:  # the batch beside its DataLoader
+                first = (lead, f.f_code)
+            break
+    if same is not None:
+        st.leading_dim_batch_size = same
+    elif first is not None and (st.leading_dim_batch_size is None or st.loader_batch_size is not None):
+        st.leading_dim_batch_size = first[0]
+        st.batch_code = _code_id(first[1])
+
+
+def _code_id(code: Any) -> tuple[str, str, int]:
+    return (code.co_filename, code.co_name, code.co_firstlineno)
 
 
 def _caller_frames(depth: int) -> Any:

@@ -459,6 +459,40 @@ def test_leading_dim_and_the_loop_frame_probe() -> None:
     assert batch[0].shape[0] == 12
 
 
+def test_a_batch_size_schedule_is_followed_to_the_failing_step() -> None:
+    """Without a DataLoader the batch is read from the loop's locals. The function that gave it at the
+    first probe gives it at every later one and at the OOM (whose traceback runs outermost first), so a
+    step at a larger batch than the last probe saw is reported with its own batch."""
+    import torch
+
+    st = State()
+
+    def step_hook() -> None:  # what the optimizer hook sees: innermost first, the loop's frame among them
+        _torch.probe_frames(st, _torch._caller_frames(2))
+
+    def forward(x: Any) -> Any:
+        h = torch.zeros(x.shape[0] * 4, 8)  # an activation: its leading dimension is not the batch
+        if x.shape[0] > 30:
+            raise RuntimeError("CUDA out of memory.")
+        return h
+
+    def train(schedule: list[int]) -> None:
+        for n in schedule:
+            batch = torch.zeros(n, 3)
+            forward(batch)
+            step_hook()
+
+    seen: list[int | None] = []
+    try:
+        for n in (20, 24):
+            train([n])
+            seen.append(st.leading_dim_batch_size)
+        train([107])
+    except RuntimeError as e:
+        _torch.probe_frames(st, _torch.traceback_frames(e))
+    assert seen == [20, 24] and st.leading_dim_batch_size == 107 and st.batch_size() == 107
+
+
 def test_config_falls_back_on_malformed_values() -> None:
     cfg, complaints = _config.load(
         {
