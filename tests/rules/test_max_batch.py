@@ -90,6 +90,34 @@ def test_without_a_plateau_nothing_is_counted_as_a_buffer() -> None:
     assert est == 18  # 78 usable - 50 stranded (reserved, unallocated) - 10 fixed, at 1 GiB per sample
 
 
+def test_an_upper_bound_keeps_the_memory_stranded_at_the_failing_batch() -> None:
+    """One sample after the first step, then an OOM in the second: the failing step gives the per-sample
+    figure (an upper bound). 20 GiB were reserved but unusable at batch 60; a smaller batch strands less,
+    so taking all 20 GiB off would put the "upper bound" below batches that fit (as on an H200: 78 where
+    82 fitted). A pair of completed steps gives an estimate, which takes the stranded memory off."""
+    one = [{"step": 1, "allocated_bytes": 10 * GiB, "peak_allocated_bytes": 70 * GiB, "batch_size": 60}]
+
+    def ev(samples: list[dict[str, Any]], request: int) -> Evidence:
+        return Evidence(
+            kind="cuda_oom",
+            reserved_bytes=78 * GiB,
+            allocated_bytes=58 * GiB,
+            device_free_bytes=0,
+            request_bytes=request,
+            batch_size=60,
+            steps=_step_samples(samples),
+            trend=_trend(samples),
+        )
+
+    est, info = workload_too_large.estimate_max_batch(ev(one, 30 * GiB))
+    assert info["source"] == "failing step (upper bound)" and "stranded_bytes" not in info
+    assert est == 52  # (78 usable - 10 fixed) / (88 GiB needed - 10 fixed over 60 samples); 36 less 20
+    two = [*one, {"step": 2, "allocated_bytes": 10 * GiB, "peak_allocated_bytes": 70 * GiB, "batch_size": 60}]
+    est, info = workload_too_large.estimate_max_batch(ev(two, 12 * GiB))
+    assert info["source"] == "1 completed steps" and info["stranded_bytes"] == 20 * GiB
+    assert est == 48  # (78 - 20 stranded - 10) at 1 GiB per sample
+
+
 # ---------------------------------------------------------------- the first forward pass
 _TORCH = "/usr/lib/python3/dist-packages/torch/nn/modules/module.py"
 WEIGHTS = [
