@@ -1,17 +1,20 @@
-"""Five real OOMs from an NVIDIA H200 (torch 2.11.0+cu130, driver 580.159.04), pinned.
+"""Ten real OOMs from an NVIDIA H200 (torch 2.11.0+cu130, driver 580.159.04), pinned.
 
-Captured on 2026-11-29 by tests/gpu/test_gpu_incidents.py: each incident of tests/gpu/incidents.py (the
-same small GPT trained with AdamW under bf16 autocast, one thing changed per incident) ran under
-``triage-run``, and the collector's bundle is stored here as it arrived (``h200/*.json.gz``). The truth in
-``h200/truth.json`` was measured on the GPU, never by the rules: the largest batch that runs two full
-steps was found by bisection (82 at sequence length 2048, 41 at 4096); the neighbour was a second process
-that the test started, holding 97 GiB.
+Captured by tests/gpu/test_gpu_incidents.py: each incident of tests/gpu/incidents.py (the same small GPT
+trained with AdamW under bf16 autocast, one thing changed per incident) ran under ``triage-run``, and the
+collector's bundle is stored here as it arrived (``h200/*.json.gz``). The truth in ``h200/truth.json`` was
+measured on the GPU, never by the rules: the largest batch that runs two full steps was found by
+bisection (82 at sequence length 2048, 41 at 4096); the neighbour was a second process that the test
+started, holding 97 GiB; a leak's site is the line the script marks.
 
-These bundles were captured before the collector took its snapshot inside the OOM observer, so their
-snapshots come from after the exception unwound the failing step (``collector.snapshot_at`` absent): the
-fragmentation incident shows a 17 GiB hole that the 12.9 GiB request did not have at the OOM. The
-evidence rolls the trace back to the OOM entry (tests/rules/test_after_the_oom.py); the allocated bytes
-it gets back are the message's, to the byte's rounding.
+The first five (2026-11-29: leak, too_large, too_large_later, neighbour, fragmentation) were captured
+before the collector took its snapshot inside the OOM observer, so their snapshots come from after the
+exception unwound the failing step (``collector.snapshot_at`` absent): the fragmentation incident shows a
+17 GiB hole that the 12.9 GiB request did not have at the OOM. The evidence rolls the trace back to the
+OOM entry (tests/rules/test_after_the_oom.py); the allocated bytes it gets back are the message's, to the
+byte's rounding. The other five (2026-11-30: slow_leak, eval_leak, batch_grow, too_large_near,
+fragmentation_at_oom) have the snapshot taken inside the observer (``snapshot_at: "oom"``), with nothing
+to roll back.
 """
 
 from __future__ import annotations
@@ -73,6 +76,46 @@ def test_the_leak_names_the_line_that_kept_the_logits() -> None:
     assert d.confidence >= 0.9
 
 
+@pytest.mark.parametrize("name", ["slow_leak", "eval_leak"])
+def test_a_leak_is_named_at_its_line(name: str) -> None:
+    """A slow leak (the last 128 positions' logits kept every step) that fails in a step's peak, not in
+    the leak's own allocation; a validation loop without no_grad whose kept outputs hold their graphs,
+    named at the line that called the model."""
+    d, _ = _diagnosed(name)
+    assert d.leak_site == TRUTH[name]["leak_site"], d.headline
+
+
+OBSERVED = ["batch_grow", "eval_leak", "fragmentation_at_oom", "slow_leak", "too_large_near"]
+
+
+@pytest.mark.parametrize("name", OBSERVED)
+def test_a_snapshot_taken_in_the_observer_needs_no_rolling_back(name: str) -> None:
+    b = _bundle(name)
+    _, ev = _diagnosed(name)
+    assert b["collector"]["snapshot_at"] == "oom"
+    assert not any("rolled back" in n for n in ev.notes)
+
+
+def test_fragmentation_at_the_oom_as_captured() -> None:
+    """The in-observer snapshot shows the failing request's want as it was: no free block it could use."""
+    _, ev = _diagnosed("fragmentation_at_oom")
+    largest = max(
+        blk["size"]
+        for seg in _bundle("fragmentation_at_oom")["snapshot"]["segments"]
+        for blk in seg["blocks"]
+        if blk["state"] == "inactive"
+    )
+    assert ev.request_rounded_bytes is not None and largest < ev.request_rounded_bytes
+    assert ev.largest_free_block_bytes == largest
+
+
+def test_a_batch_schedule_s_failing_step_is_sent_with_its_own_batch() -> None:
+    """Six steps at batch 20, then 107: the bundle says 107, the step samples 20."""
+    b = _bundle("batch_grow")
+    assert b["workload"]["batch_size"] == TRUTH["batch_grow"]["batch_size"]
+    assert {s["batch_size"] for s in b["timeline"]} == {20}
+
+
 def test_the_neighbour_is_named_and_the_job_is_not() -> None:
     d, ev = _diagnosed("neighbour")
     pid = TRUTH["neighbour"]["neighbour_pid"]
@@ -95,10 +138,12 @@ def test_fragmentation_is_seen_only_once_the_trace_is_rolled_back() -> None:
     assert snap_largest > ev.request_rounded_bytes  # the snapshot as captured
 
 
-@pytest.mark.parametrize("name", ["too_large", "too_large_later"])
+@pytest.mark.parametrize("name", ["too_large", "too_large_later", "too_large_near", "batch_grow"])
 def test_a_first_failing_step_bounds_the_batch_from_above(name: str) -> None:
     """The failing step had not reached its peak: the estimate is an upper bound, and says so. The truth
-    lies below it (82 against 146; 41 against 56 after the curriculum doubled the sequence length)."""
+    lies below it (82 against 146; 41 against 57 after the curriculum doubled the sequence length; 82
+    against 94 at batch 95, where 22.8 GiB of the reservation was stranded at the OOM; 82 against 95 after
+    steps at batch 20, whose peaks wanted less per sample than the failing step at 107 already had)."""
     d, _ = _diagnosed(name)
     truth = TRUTH[name]
     assert d.details["max_batch_size"]["bound"] == "upper"
