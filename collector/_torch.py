@@ -237,7 +237,7 @@ def probe_frames(st: State, frames: Any) -> None:
     first: tuple[int, Any] | None = None  # (leading dimension, code) of the first frame with a batch
     same: int | None = None  # from the function that gave it before
     for i, f in enumerate(frames):
-        if i >= _MAX_FRAMES and (same is not None or st.batch_code is None):
+        if (i >= _MAX_FRAMES and (same is not None or st.batch_code is None)) or i >= 4 * _MAX_FRAMES:
             break
         try:
             loc = f.f_locals
