@@ -148,3 +148,18 @@ def test_a_first_failing_step_bounds_the_batch_from_above(name: str) -> None:
     truth = TRUTH[name]
     assert d.details["max_batch_size"]["bound"] == "upper"
     assert d.max_batch_size is not None and truth["max_batch_size"] <= d.max_batch_size < truth["batch_size"]
+
+
+@pytest.mark.parametrize("name", sorted(TRUTH))
+def test_the_traceback_alone_decides_only_what_it_can(name: str) -> None:
+    """`triage diagnose` on the traceback the job printed: a neighbour is named in the message's process
+    lines; a leak, a batch too large and fragmentation look alike at the moment of failure, so the
+    answer is inconclusive with the truth among the candidates, never a guess."""
+    from triage.pipeline import diagnose_text
+
+    d, _ = diagnose_text(_bundle(name)["error"]["traceback"])
+    truth = TRUTH[name]["verdict"]
+    if truth == "other_process":
+        assert d.verdict == "other_process", d.headline
+    else:
+        assert d.verdict == "inconclusive" and truth in d.candidates, (d.verdict, d.candidates)
