@@ -15,7 +15,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_under_collector(
-    server: TriageServer, script: Path, *args: str, send_budget: int = 20, timeout: float = 300
+    server: TriageServer,
+    script: Path,
+    *args: str,
+    send_budget: int = 20,
+    timeout: float = 300,
+    env: dict[str, str] | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
     """``triage-run`` (python -m collector.run) around ``python SCRIPT ARGS``: the process and the bundles
     the loopback service received from it, each validated against the service's schema."""
@@ -25,8 +30,8 @@ def run_under_collector(
     with tempfile.TemporaryDirectory() as spool:
         cmd = [sys.executable, "-m", "collector.run", "--url", server.url, "--spool", spool]
         cmd += ["--send-budget", str(send_budget), "--", sys.executable, str(script), *args]
-        env = dict(os.environ, PYTHONPATH=str(ROOT), TRIAGE_DEBUG="1")
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+        full = dict(os.environ, **(env or {}), PYTHONPATH=str(ROOT), TRIAGE_DEBUG="1")
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full, cwd=ROOT)
     bundles = [r.bundle for r in server.received[before:]]
     for b in bundles:
         IncidentBundle.model_validate(b)

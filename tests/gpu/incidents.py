@@ -18,6 +18,8 @@ bf16 autocast) trained on random tokens, so every mode is the same job with one 
   bisect S HI    no crash: the largest batch that runs two full steps at sequence length S, by bisection
                  (a fresh model each try, the cache emptied between): the truth for max_batch_size
   hold GiB       allocate GiB on the device and wait (the neighbour)
+
+OOMT_FRACTION=F caps the process at F of the device before any mode runs (a platform's wrapper would).
 """
 
 import gc
@@ -265,4 +267,7 @@ MODES = {
 if __name__ == "__main__":
     if sys.argv[1] not in MODES:
         raise SystemExit(f"unknown mode {sys.argv[1]}; one of {', '.join(MODES)}")
+    if os.environ.get("OOMT_FRACTION") and not SMOKE:
+        # the platform's cap, as a wrapper around the job would set it: the training code does not know
+        torch.cuda.set_per_process_memory_fraction(float(os.environ["OOMT_FRACTION"]), 0)
     MODES[sys.argv[1]](*(int(a) for a in sys.argv[2:]))

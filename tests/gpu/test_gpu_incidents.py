@@ -51,10 +51,12 @@ def _max_batch(seq: int, hi: int) -> int:
     return int(re.search(r"MAXBATCH=(\d+)", out).group(1))  # type: ignore[union-attr]
 
 
-def _incident(server: TriageServer, name: str, *args: str) -> tuple[dict[str, Any], Any]:
+def _incident(
+    server: TriageServer, name: str, *args: str, env: dict[str, str] | None = None
+) -> tuple[dict[str, Any], Any]:
     """Run one incident under the collector; diagnose the one bundle it sent."""
     t0 = time.monotonic()
-    p, bundles = run_under_collector(server, SCRIPT, *args, send_budget=60, timeout=900)
+    p, bundles = run_under_collector(server, SCRIPT, *args, send_budget=60, timeout=900, env=env)
     wall = time.monotonic() - t0
     assert p.returncode == 1, f"{name}: rc {p.returncode}\n{p.stdout[-1500:]}\n{p.stderr[-3000:]}"
     assert len(bundles) == 1, f"{name}: {len(bundles)} bundles"
@@ -238,3 +240,38 @@ def test_fragmentation(server: TriageServer, max_batch: int) -> None:
         truth=truth, free_reserved=free_reserved, largest_free=largest, request=req
     )
     assert d.verdict in (truth, "inconclusive"), d.headline
+
+
+EXPANDABLE = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
+
+def test_expandable_too_large(server: TriageServer) -> None:
+    """With expandable segments the allocator maps pages into one growing segment per stream instead of
+    caching separate segments: a batch far too large must still read as too large, and the Diagnosis
+    must know the setting is on."""
+    b, d = _incident(server, "exp_too_large", "too-large", "164", env=EXPANDABLE)
+    RESULTS["exp_too_large"]["truth"] = "workload_too_large"
+    _save()
+    assert d.verdict == "workload_too_large", d.headline
+    assert d.max_batch_size is not None and d.max_batch_size < 164
+    assert any(seg.get("is_expandable") for seg in b["snapshot"]["segments"])
+
+
+def test_expandable_leak(server: TriageServer) -> None:
+    """The same leak as test_leak, with expandable segments: the site is the same line."""
+    _, d = _incident(server, "exp_leak", "leak", env=EXPANDABLE)
+    RESULTS["exp_leak"]["truth"] = "tensor_leak"
+    _save()
+    assert d.verdict == "tensor_leak", d.headline
+    assert (d.leak_site or {}).get("line") == _line_of("LOGITS-LINE")
+
+
+def test_fraction_cap_is_the_platform(server: TriageServer) -> None:
+    """A batch of 24 needs about 40 GiB on this model, a third of the device; a cap of 0.2 of the device
+    (28 GiB), set before the job starts as a platform's wrapper would, stops it: the job would fit the GPU
+    it was given, so the quota is the cause."""
+    b, d = _incident(server, "fraction_cap", "too-large", "24", env={"OOMT_FRACTION": "0.2"})
+    RESULTS["fraction_cap"]["truth"] = "gpu_quota"
+    _save()
+    assert b["allocator"]["fraction"] == pytest.approx(0.2)
+    assert d.verdict == "gpu_quota", d.headline

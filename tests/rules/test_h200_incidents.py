@@ -1,4 +1,4 @@
-"""Ten real OOMs from an NVIDIA H200 (torch 2.11.0+cu130, driver 580.159.04), pinned.
+"""Thirteen real OOMs from an NVIDIA H200 (torch 2.11.0+cu130, driver 580.159.04), pinned.
 
 Captured by tests/gpu/test_gpu_incidents.py: each incident of tests/gpu/incidents.py (the same small GPT
 trained with AdamW under bf16 autocast, one thing changed per incident) ran under ``triage-run``, and the
@@ -14,7 +14,10 @@ exception unwound the failing step (``collector.snapshot_at`` absent): the fragm
 OOM entry (tests/rules/test_after_the_oom.py); the allocated bytes it gets back are the message's, to the
 byte's rounding. The other five (2026-11-30: slow_leak, eval_leak, batch_grow, too_large_near,
 fragmentation_at_oom) have the snapshot taken inside the observer (``snapshot_at: "oom"``), with nothing
-to roll back.
+to roll back; so do the last three (2026-11-30): the leak and the first-step batch of 164 again with
+``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (exp_leak, exp_too_large), and a batch of 24 that
+fits the device run under a cap of 0.2 of it set before the job started, as a platform's wrapper would
+(fraction_cap).
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ def test_the_leak_names_the_line_that_kept_the_logits() -> None:
     assert d.confidence >= 0.9
 
 
-@pytest.mark.parametrize("name", ["slow_leak", "eval_leak"])
+@pytest.mark.parametrize("name", ["slow_leak", "eval_leak", "exp_leak"])
 def test_a_leak_is_named_at_its_line(name: str) -> None:
     """A slow leak (the last 128 positions' logits kept every step) that fails in a step's peak, not in
     the leak's own allocation; a validation loop without no_grad whose kept outputs hold their graphs,
@@ -85,7 +88,16 @@ def test_a_leak_is_named_at_its_line(name: str) -> None:
     assert d.leak_site == TRUTH[name]["leak_site"], d.headline
 
 
-OBSERVED = ["batch_grow", "eval_leak", "fragmentation_at_oom", "slow_leak", "too_large_near"]
+OBSERVED = [
+    "batch_grow",
+    "eval_leak",
+    "exp_leak",
+    "exp_too_large",
+    "fraction_cap",
+    "fragmentation_at_oom",
+    "slow_leak",
+    "too_large_near",
+]
 
 
 @pytest.mark.parametrize("name", OBSERVED)
@@ -153,13 +165,32 @@ def test_a_first_failing_step_bounds_the_batch_from_above(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(TRUTH))
 def test_the_traceback_alone_decides_only_what_it_can(name: str) -> None:
     """`triage diagnose` on the traceback the job printed: a neighbour is named in the message's process
-    lines; a leak, a batch too large and fragmentation look alike at the moment of failure, so the
-    answer is inconclusive with the truth among the candidates, never a guess."""
+    lines, and a cap in its "allowed" figure (27.96 GiB allowed with 115.6 GiB of the device free); a
+    leak, a batch too large and fragmentation look alike at the moment of failure, so the answer is
+    inconclusive with the truth among the candidates, never a guess."""
     from triage.pipeline import diagnose_text
 
     d, _ = diagnose_text(_bundle(name)["error"]["traceback"])
     truth = TRUTH[name]["verdict"]
-    if truth == "other_process":
-        assert d.verdict == "other_process", d.headline
+    if truth in ("other_process", "gpu_quota"):
+        assert d.verdict == truth, d.headline
     else:
         assert d.verdict == "inconclusive" and truth in d.candidates, (d.verdict, d.candidates)
+
+
+@pytest.mark.parametrize("name", ["exp_leak", "exp_too_large"])
+def test_expandable_segments_are_known_to_be_on(name: str) -> None:
+    """The setting is read from the bundle, and the segments say so too: fragmentation's advice to turn
+    expandable_segments on is not given."""
+    d, ev = _diagnosed(name)
+    assert ev.expandable_segments is True
+    assert any(seg.get("is_expandable") for seg in _bundle(name)["snapshot"]["segments"])
+    assert not any("expandable_segments:True" in a for a in d.actions)
+
+
+def test_a_cap_set_before_the_job_is_the_platform_s() -> None:
+    """A batch of 24 needs about 37 GiB; the cap allowed 27.96 of the device's 139.80 GiB (the message's
+    figures): gpu_quota, owned by the platform."""
+    d, ev = _diagnosed("fraction_cap")
+    assert d.verdict == "gpu_quota" and d.owner == "platform"
+    assert ev.fraction_cap_bytes is not None and abs(ev.fraction_cap_bytes / GiB - 27.96) < 0.01
