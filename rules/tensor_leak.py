@@ -296,10 +296,10 @@ def evaluate(ev: Evidence) -> Finding | None:
     graphs = kept_graphs(ev) if leak is None and not trend_growing else None
     unsure = kept_graphs(ev, unproven=True) if leak is None and not trend_growing and graphs is None else None
     if unsure is not None:
-        kc, peak = unsure
+        kc, peak = unsure  # unproven: no optimizer step came after them, so an earlier peak is what convicts
         f.facts.append(
             f"{kc.blocks} blocks, {human(kc.bytes)}, allocated in {kc.calls} earlier calls of the model at "
-            f"{kc.call.label} are still alive, and the earlier steps peaked at {human(peak)}: outputs kept with "
+            f"{kc.call.label} are still alive, and the earlier steps peaked at {human(peak or 0)}: outputs kept with "
             "their autograd graphs (a validation loop without `torch.no_grad()`), unless every step runs the "
             "model that many times before one backward."
         )
@@ -315,10 +315,21 @@ def evaluate(ev: Evidence) -> Finding | None:
             f"{kc.call.label} are still alive: each call's activations, kept for a backward that never came "
             "(its output is still referenced, and with it its autograd graph).",
             f"Earlier steps peaked at {human(peak)}; without the kept calls this moment needed no more "
-            f"than that, with them {human(ev.needed_bytes or 0)}.",
+            f"than that, with them {human(ev.needed_bytes or 0)}."
+            if peak is not None
+            else f"They are {human(kc.bytes)} of the {human(ev.needed_bytes or 0)} this moment needed; without "
+            f"them it needed {human((ev.needed_bytes or 0) - kc.bytes)}, which fitted.",
         ]
+        if kc.past_step:
+            f.facts.insert(
+                1,
+                f"{kc.past_step} of those calls outlived an optimizer step: their step's backward and update were "
+                "over and their graphs were still referenced (a hidden state carried into the next step "
+                "without `.detach()`, outputs kept across steps).",
+            )
         f.values.update({"leak_bytes": kc.bytes, "leak_blocks": kc.blocks, "kept_calls": kc.calls})
         f.leak_site = kc.call.to_dict()
+
         f.score = STRONG if kc.calls >= 4 else LIKELY
     elif leak is not None:
         st = leak.stats
@@ -488,6 +499,12 @@ def evaluate(ev: Evidence) -> Finding | None:
             "If the losses of several calls are summed for one backward (accumulation), call `backward()` "
             "on each call's loss instead: gradients accumulate the same, and each graph is freed at once."
         )
+        if graphs[0].past_step:
+            f.actions.append(
+                "If a state is carried from one step into the next (an RNN's hidden state, a memory), detach "
+                "it at each step (`hidden = hidden.detach()`): carried with its graph, every earlier step's "
+                "activations stay alive (and `retain_graph=True` only hides the error that says so)."
+            )
     elif f.leak_site is not None:
         site = f.leak_site
         loc = f"{site['filename']}:{site['line']} in {site['name']}"

@@ -392,7 +392,11 @@ def evaluate(ev: Evidence) -> Finding | None:
         kc, peak = kept
         f.facts.append(
             f"{human(kc.bytes)} of it is {kc.calls} earlier calls of the model at {kc.call.label}, still "
-            f"alive; without them this moment needed no more than the {human(peak)} earlier steps peaked at."
+            + (
+                f"alive; without them this moment needed no more than the {human(peak)} earlier steps peaked at."
+                if peak is not None
+                else f"alive; without them this moment needed {human((ev.needed_bytes or 0) - kc.bytes)}, which fitted."
+            )
         )
         f.score = min(f.score, CANDIDATE if graphs is not None else LEAD)
     stranded = None if early else _stranded(ev, needed, usable)

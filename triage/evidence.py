@@ -263,6 +263,7 @@ class KeptCalls:
     freed_before: int  # calls of any model line made before the first kept call, and since freed
     peak_before: int  # the most live memory before it
     in_call: bool = False  # the failing allocation was made under the same line (a call of it had begun)
+    past_step: int = 0  # kept calls made before an optimizer step that ran before the OOM
 
     @property
     def more_than_before(self) -> bool:
@@ -1239,11 +1240,14 @@ def _survivors(ev: Evidence) -> None:
     ev.survivors.sort(key=lambda s: (-s.cycles, -s.stats.bytes))
 
 
-def kept_graphs(ev: Evidence, *, unproven: bool = False) -> tuple[KeptCalls, int] | None:
+def kept_graphs(ev: Evidence, *, unproven: bool = False) -> tuple[KeptCalls, int | None] | None:
     """(the kept calls, the highest earlier step's peak) when the OOM comes from forward passes kept
     alive: at least two earlier calls of one model-running line still hold their blocks, the earlier
     steps (same batch size) needed less than this moment, and freeing the kept calls' blocks would have
-    brought it back within what they needed. A step that runs the model several times before one
+    brought it back within what they needed. Otherwise kept calls that hold at least half of what this
+    moment needed, without which it fitted, convict without an earlier peak (None in its place): the call
+    under way may want more than a training step did, and a trace that begins at the model's load and
+    keeps every forward pass has no step free of them. A step that runs the model several times before one
     backward (views of one sample, micro-batches of a pipeline) keeps its calls alive too, but every
     step does it: the trace shows the line holding half as many calls or more before (a step that runs
     twice as many micro-batches holds twice as many), or, when the line had not run before, at least two
@@ -1259,18 +1263,31 @@ def kept_graphs(ev: Evidence, *, unproven: bool = False) -> tuple[KeptCalls, int
         # the line held as many calls at once before, or nearly (a step that sums a varying number of
         # micro-batches' losses for one backward holds one or two more when it runs more of them)
         return None
-    # the line held fewer before; or, new in the trace, the trace shows the line's calls freed before
-    known = kc.before is not None or kc.freed_before >= 2
+    # the line held fewer before; or, new in the trace, the trace shows the line's calls freed before; or
+    # kept calls outlived an optimizer step (their step's backward and update are over, and their graphs
+    # were not let go: a hidden state carried without detach, outputs kept across steps)
+    known = kc.before is not None or kc.freed_before >= 2 or kc.past_step >= 1
     if known == unproven:
         return None
     # the collector's samples of the steps, and what the trace shows before the first kept call
     peaks = [s.peak_allocated_bytes for s in ev.steps] if len(ev.steps) >= 2 else []
-    if kc.freed_before >= 2:
+    if kc.freed_before >= 2 or kc.past_step >= 1:
         peaks.append(kc.peak_before)
     needed = ev.needed_bytes
-    if not peaks or needed is None or needed <= max(peaks) or kc.bytes < needed - max(peaks):
+    if needed is None:
         return None
-    return kc, max(peaks)
+    if peaks and needed > max(peaks) and kc.bytes >= needed - max(peaks):
+        return kc, max(peaks)
+    # no earlier step was as large as this moment less the kept calls (the call under way is larger, or
+    # no step free of kept calls is known): they are most of what it needed, and without them it fitted
+    usable = (
+        ev.reserved_bytes + ev.device_free_bytes
+        if ev.reserved_bytes is not None and ev.device_free_bytes is not None
+        else ev.limit_bytes
+    )
+    if usable is not None and 2 * kc.bytes >= needed and needed - kc.bytes <= usable:
+        return kc, None
+    return None
 
 
 _MODULE_CALL = frozenset({"_call_impl", "_wrapped_call_impl"})  # torch/nn/modules/module.py: Module.__call__
@@ -1399,12 +1416,21 @@ def _kept_calls(ev: Evidence) -> None:
         return holding.get(key, 0)
 
     last: tuple[Any, Any, Any] | None = None  # the line the last allocation before the OOM was made under
+    last_step = -1  # the last allocation an optimizer step made before the OOM
+    in_step: dict[int, bool] = {}  # by frames-list identity
     for i, e in enumerate(itertools.islice(tl.raw, end)):
         action = e.get("action")
         if action == "alloc":
             call = call_of.get(i)
             last = call[0] if call is not None else None
             if call is None:
+                frames = e.get("frames")
+                if frames:
+                    hit = in_step.get(id(frames))
+                    if hit is None:
+                        hit = in_step[id(frames)] = _optimizer_step(frames)
+                    if hit:
+                        last_step = i
                 continue
             if call not in volume:
                 key, n = call
@@ -1451,6 +1477,7 @@ def _kept_calls(ev: Evidence) -> None:
             ),
             peak_before=tl.max_level_between(0, first_index[(key, first)]),
             in_call=starts == key,
+            past_step=sum(1 for c in done if first_index[(key, c)] < last_step),
         )
         if best is None or kept.bytes > best.bytes:
             best = kept
@@ -1461,6 +1488,14 @@ def _kept_calls(ev: Evidence) -> None:
             freed[c[0]] = freed.get(c[0], 0) + 1
     # a step may call several modules from its own lines (the model, the loss): count one line's calls
     ev.freed_calls = max(freed.values(), default=0) if volume else None
+
+
+def _optimizer_step(frames: Sequence[Any]) -> bool:
+    """Whether an allocation was made by an optimizer's step (its state, or the temporaries of a foreach
+    update): torch/optim's frames on its stack."""
+    return any(
+        isinstance(f, dict) and "/optim/" in str(f.get("filename", "")).replace("\\", "/") for f in frames
+    )
 
 
 def _freed_after(tl: DeviceTimeline, allocs: list[int], first: int) -> bool:

@@ -342,3 +342,84 @@ def test_one_call_more_than_before_is_new_only_when_the_next_call_had_begun(in_c
     f = fragmentation.evaluate(ev)
     assert f is not None
     assert any("more than any step before" in s for s in f.facts) is new
+
+
+OPTIM = [
+    {"filename": "/usr/lib/python3.11/site-packages/torch/optim/adam.py", "line": 166, "name": "_init_group"},
+    {"filename": "/usr/lib/python3.11/site-packages/torch/optim/adam.py", "line": 236, "name": "step"},
+    {
+        "filename": "/usr/lib/python3.11/site-packages/torch/optim/optimizer.py",
+        "line": 485,
+        "name": "wrapper",
+    },
+    line(64, "train_step"),
+    *MAIN,
+]
+
+
+def carried_state(*, steps: int, optimizer: bool) -> dict[str, Any]:
+    """A trace from the model's load. Each step's forward is kept: a recurrent model's hidden state is
+    carried into the next step without ``.detach()`` (and ``backward(retain_graph=True)`` keeps the graph
+    the backward would free). The backward's gradient flows on the engine's thread and is freed; with
+    ``optimizer`` each step then updates the weights (Adam makes its state at the first step, under
+    torch/optim's frames). Without it nothing shows a step ended between the calls: a rollout of several
+    forward passes before one backward looks the same."""
+    t = Trace(0)
+    weights(t)
+    for k in range(steps):
+        forward(t, TRAIN_CALL, 128 * MiB)
+        t.free(t.alloc(64 * MiB, []))  # the gradient flowing back through the last step only
+        if optimizer and k == 0:
+            for _ in range(2):
+                t.alloc(512 * MiB, OPTIM)
+    t.alloc(16 * MiB, data(TRAIN_CALL))
+    return oom(t, TRAIN_CALL)
+
+
+def test_forward_passes_that_outlive_an_optimizer_step_are_a_leak() -> None:
+    """No step free of kept calls is in the trace (every forward since the load is held), but the first
+    ones were made before an optimizer step: their step was over, and their graphs were still held."""
+    d, ev = diagnose_snapshot(normalise(carried_state(steps=6, optimizer=True)))
+    kc = ev.kept_calls
+    assert kc is not None and (kc.calls, kc.freed_before, kc.before) == (6, 0, None)
+    assert kc.past_step == 1  # the first call came before the optimizer's first step
+    got = kept_graphs(ev)
+    assert got is not None and got[1] is None  # no earlier peak: convicted by what the kept calls hold
+    assert d.verdict == "tensor_leak" and d.leak_site == TRAIN_CALL, d.headline
+    assert any("outlived an optimizer step" in e.fact for e in d.evidence)
+    assert any("hidden.detach()" in a for a in d.actions)
+
+
+def test_forward_passes_kept_with_no_optimizer_step_between_them_are_not_convicted() -> None:
+    """The same calls held with no optimizer step in the trace: a rollout before one backward."""
+    d, ev = diagnose_snapshot(normalise(carried_state(steps=6, optimizer=False)))
+    kc = ev.kept_calls
+    assert kc is not None and kc.calls == 6 and kc.past_step == 0
+    assert kept_graphs(ev) is None
+    assert d.verdict != "tensor_leak"
+
+
+@pytest.mark.parametrize(("evals", "leak"), [(6, True), (3, False)])
+def test_kept_calls_that_are_most_of_the_memory_convict_when_the_call_under_way_is_larger(
+    evals: int, leak: bool
+) -> None:
+    """Validation after five training steps (1 GiB of activations each), its outputs kept with their
+    graphs; the failing validation call is twice a training step's size (a larger batch) and had made
+    2 GiB when it failed, so this moment less the kept calls is more than any training step. Six kept
+    calls (6 GiB of 10.3) are most of it, and without them it fitted; three (3 of 7.3) are not."""
+    t = Trace(0)
+    weights(t)
+    for _ in range(5):
+        backward(t, forward(t, TRAIN_CALL, 128 * MiB))
+    for _ in range(evals):
+        forward(t, EVAL_CALL, 128 * MiB)
+    t.alloc(16 * MiB, data(EVAL_CALL))
+    for _ in range(4):
+        t.alloc(512 * MiB, under(EVAL_CALL, 30))
+    d, ev = diagnose_snapshot(normalise(oom(t, EVAL_CALL)))
+    kc = ev.kept_calls
+    assert kc is not None and kc.calls == evals and kc.freed_before == 5
+    needed, peak = ev.needed_bytes, kc.peak_before
+    assert needed is not None and needed - peak > kc.bytes  # not within the earlier steps' peak
+    assert (kept_graphs(ev) is not None) == leak
+    assert (d.verdict == "tensor_leak") == leak, d.headline
