@@ -27,6 +27,9 @@ STRONG = 0.85
 
 # thresholds two rules read the same way
 UNLIKE_EARLIER = 1.25  # a step that wants this much more than every earlier step's peak is a new demand
+BEYOND_USABLE = (
+    1.05  # a step aligned with the one before it that would need this much more than the job may hold
+)
 MIN_WASTE_FRACTION = 0.05  # cached free memory below this share of what the job may hold decides nothing
 
 

@@ -13,6 +13,10 @@ The torch hint ("try expandable_segments") is printed whatever the settings; whe
 ``expandable_segments`` is already on, that advice is wrong and we say so. Fragmentation needs the
 block layout (a snapshot) to be proved; from the message alone (reserved-but-unallocated above the
 request) it is only a candidate.
+
+Packing only helps a step that fits: when the failing step, set beside the step before it in the trace
+(the same stacks allocation by allocation, larger tensors), would have needed more than the job could
+hold at its peak, the holes only decided which allocation failed first.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rules.base import (
+    BEYOND_USABLE,
     CANDIDATE,
     LEAD,
     LIKELY,
@@ -29,7 +34,7 @@ from rules.base import (
     UNLIKE_EARLIER,
     Finding,
 )
-from triage.evidence import TRACE_MIN_CYCLES
+from triage.evidence import TRACE_MIN_CYCLES, aligned_step
 from triage.units import human
 
 if TYPE_CHECKING:
@@ -143,7 +148,18 @@ def evaluate(ev: Evidence) -> Finding | None:
         # the layout is proved guilty only for a demand the job had met before: far above the earlier
         # peaks, or above them by more than the earlier steps ever varied (a longer batch after steps of
         # one size) — the step is new, and whether it fits at all, packed or not, is not known
-        if needed > UNLIKE_EARLIER * before:
+        beyond = aligned_step(ev)
+        usable = ev.reserved_bytes + free if ev.reserved_bytes is not None else None
+        if usable is not None and ev.fraction_cap_bytes:
+            usable = min(usable, ev.fraction_cap_bytes)
+        if beyond is not None and usable is not None and beyond.predicted > BEYOND_USABLE * usable:
+            f.facts.append(
+                f"Set beside the step before it (the same stacks, {beyond.ratio:.1f}x the memory so far), this "
+                f"step would have needed {human(beyond.predicted)} at its peak, more than the {human(usable)} "
+                "the job could hold: packed, it would still have failed."
+            )
+            f.score = min(f.score, CANDIDATE)
+        elif needed > UNLIKE_EARLIER * before:
             f.facts.append(
                 f"At the OOM this step already wanted {human(needed)}, far more than the {human(before)} the "
                 "earlier steps peaked at: whether the step fits at all, packed or not, is not known."

@@ -15,13 +15,22 @@ has seen no more than the first steps); packing the cache's last holes would hav
 an allocation or two, not let the step finish. Earlier forward passes still held (kept outputs) fill the
 device the same way and keep it a candidate.
 
+A step that wants far more than every earlier one is new (a longer input, an evaluation pass): whether
+it could fit is settled by the step before it in the trace when that step ran the same stacks,
+allocation by allocation, up to the failing request (``triage.evidence.aligned_step``). Its tensors so
+far are some factor larger; the step before went on growing to its peak after that allocation, and the
+failing step, scaled by the same factor, would have needed that much. More than the job could hold (by
+5%): too large, and the holes in the cache decided nothing.
+
 The maximum batch size is estimated from the fixed part and the per-sample part:
 - from completed steps, when the collector sampled them: fixed = live memory after the last step,
   per-sample = (the step's peak − fixed) / batch size;
 - else from the failing step: per-sample ≥ (live memory at the OOM + the request − fixed) / batch size,
   which makes the estimate an upper bound (the step had not reached its peak yet).
 The reservation the allocator could not use at the OOM (split segments) is taken off what is usable for
-an estimate from completed steps; an upper bound keeps it, since a smaller batch strands less.
+an estimate from completed steps; an upper bound keeps it, since a smaller batch strands less. A failing
+step set beside the step before it gives its whole peak, not just where it failed: a tighter ceiling
+(the allocator's overhead at that peak is still not counted).
 ``max_batch_size = floor((usable − fixed) / per-sample)`` where usable is what this process could have
 reserved (its reservation plus the device's free memory, capped by a fraction cap).
 """
@@ -33,6 +42,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from rules.base import (
+    BEYOND_USABLE,
     CANDIDATE,
     LEAD,
     LIKELY,
@@ -46,6 +56,7 @@ from triage.evidence import (
     CUDA_CONTEXT_MAX,
     LATE_RISES,
     TRACE_MIN_CYCLES,
+    aligned_step,
     frame_key,
     kept_graphs,
     live_under_calls,
@@ -145,6 +156,14 @@ def estimate_max_batch(ev: Evidence) -> tuple[int | None, dict[str, Any]]:
         fixed = ev.steps[-1].allocated_bytes if ev.steps else _fixed_from_trace(ev)
         per_sample = (needed - fixed) / batch
         info["source"] = "failing step (upper bound)"
+    aligned = aligned_step(ev)
+    if fixed is not None and per_sample is not None and aligned is not None and needed is not None:
+        # the failing step beside the one before it: what it would have needed at its peak, still a ceiling
+        # (the allocator's own overhead at that peak is not counted)
+        at_peak = (aligned.predicted - fixed) / batch
+        if aligned.predicted > needed and at_peak > per_sample:
+            per_sample = at_peak
+            info["source"] = "failing step set beside the step before it (upper bound)"
     if fixed is None or per_sample is None or per_sample <= 0:
         return None, info
     # at the OOM the allocator has already released every cached segment it could; what it still holds
@@ -152,7 +171,7 @@ def estimate_max_batch(ev: Evidence) -> tuple[int | None, dict[str, Any]]:
     # upper bound leaves it in: it was stranded at the failing batch, and a smaller batch strands less
     # (an H200 step at batch 95 stranded 22.8 GiB; taking it all away put the "upper bound" at 78 where
     # 82 fitted)
-    upper = info["source"] == "failing step (upper bound)"
+    upper = info["source"].endswith("(upper bound)")
     stranded = 0 if upper else ev.reserved_unallocated_bytes or 0
     if stranded:
         info["stranded_bytes"] = stranded
@@ -161,6 +180,19 @@ def estimate_max_batch(ev: Evidence) -> tuple[int | None, dict[str, Any]]:
         est = min(est, batch - 1)  # the failing batch itself did not fit
     info.update({"fixed_bytes": fixed, "per_sample_bytes": int(per_sample), "usable_bytes": usable})
     return max(0, est), info
+
+
+def _beyond(ev: Evidence, usable: int | None) -> str | None:
+    """A sentence when the failing step, set beside the step before it (``aligned_step``), would have
+    needed more than the job could hold at its peak."""
+    a = aligned_step(ev)
+    if a is None or usable is None or a.predicted <= BEYOND_USABLE * usable:
+        return None
+    return (
+        f"Set beside the step before it (the same stacks, allocation by allocation, {a.ratio:.1f}x the memory "
+        f"so far: a longer input or a larger batch), this step would have needed {human(a.predicted)} at "
+        f"its peak, more than the {human(usable)} the job could hold: it does not fit, packed or not."
+    )
 
 
 def _call_line(ev: Evidence) -> tuple[Any, Any, Any] | None:
@@ -283,6 +315,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         and (trend.plateaued or (trend.rising_fraction < 0.5 and not trend.staircase))
         and trend.tail_rises < LATE_RISES  # flat, then up at every step to the OOM: a leak that began late
     )
+    beyond = None if early else _beyond(ev, usable)
     if needed is not None and usable is not None:
         f.facts.append(
             f"At the OOM the job held {human(ev.allocated_bytes or 0)} and asked for {human(ev.request_bytes or 0)} more; "
@@ -309,6 +342,9 @@ def evaluate(ev: Evidence) -> Finding | None:
                 f"The step needed {human(needed)}, more than the {human(usable)} it could ever hold."
             )
             f.score = LIKELY
+        elif beyond is not None:
+            f.facts.append(beyond)
+            f.score = LIKELY - 0.05
         elif (
             needed is not None
             and usable is not None
@@ -354,7 +390,9 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.facts.append(
             f"{human(ev.free_in_pool_bytes)} was free in the request's own pool: packed, it would have fitted."
         )
-        if usable is None or ev.free_in_pool_bytes >= MIN_WASTE_FRACTION * usable:
+        if beyond is not None:
+            f.facts.append("Packed, it would have failed later in the step (above).")
+        elif usable is None or ev.free_in_pool_bytes >= MIN_WASTE_FRACTION * usable:
             f.score -= 0.2
         else:  # a sliver of what the job may hold: the next allocation of the step would have failed instead
             f.facts.append(f"But that is {ev.free_in_pool_bytes / usable:.1%} of what the job could hold.")
@@ -383,8 +421,14 @@ def evaluate(ev: Evidence) -> Finding | None:
             "earlier step peaked at, with the same batch size: something in this step differs (a longer input, "
             "an evaluation pass with gradients on, tensors kept from pass to pass)."
         )
-        f.missing.append("what this step ran that the earlier ones did not (its input sizes, train or eval)")
-        f.score = min(f.score, LEAD)
+        if beyond is not None:
+            if beyond not in f.facts:
+                f.facts.append(beyond)  # the same code with larger tensors: it does not fit, packed or not
+        else:
+            f.missing.append(
+                "what this step ran that the earlier ones did not (its input sizes, train or eval)"
+            )
+            f.score = min(f.score, LEAD)
     graphs = kept_graphs(ev)
     unsure = kept_graphs(ev, unproven=True) if graphs is None and not early else None
     kept = graphs or unsure

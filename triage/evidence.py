@@ -272,6 +272,21 @@ class KeptCalls:
         return self.before is None or self.calls > 2 * self.before
 
 
+@dataclass(slots=True)
+class AlignedStep:
+    """The failing call of the model set beside the same line's call in the step before it: the same code
+    (the same stacks, allocation by allocation) up to the failing request, with tensors ``ratio`` times
+    the size (a longer input, a larger batch). That earlier step went on to a peak; scaled the same way,
+    the failing step would have needed ``predicted`` bytes."""
+
+    call: Site
+    position: int  # allocations of the failing call before its failing one
+    ratio: float  # its growth so far over the earlier call's at the same allocation
+    earlier_peak: int  # the earlier step's peak, bytes
+    start: int  # live memory as the failing call began
+    predicted: int  # what the failing step would have needed at its peak
+
+
 def _trend(samples: Sequence[Any]) -> StepTrend | None:
     return _trend_of(_step_samples(samples))
 
@@ -380,6 +395,7 @@ class Evidence:
     freed_calls: int | None = None
     calls_by_device: dict[int, dict[int, CallId]] = field(default_factory=dict, repr=False)
     under_calls: dict[tuple[Any, Any, Any], tuple[int, int]] | None = field(default=None, repr=False)
+    aligned: AlignedStep | bool | None = field(default=False, repr=False)  # False: not worked out yet
     oom_entry: TraceEntry | None = None
     oom_timeline: DeviceTimeline | None = None
     shm_total_bytes: int | None = None
@@ -1488,6 +1504,98 @@ def _kept_calls(ev: Evidence) -> None:
             freed[c[0]] = freed.get(c[0], 0) + 1
     # a step may call several modules from its own lines (the model, the loss): count one line's calls
     ev.freed_calls = max(freed.values(), default=0) if volume else None
+
+
+ALIGN_MIN_GROWTH = 0.01  # of the live memory: an earlier call that grew less than this aligns nothing
+
+
+def aligned_step(ev: Evidence) -> AlignedStep | None:
+    """The failing step aligned with the one before it (``AlignedStep``): from the call of the model that
+    began each (the call the OOM came in, else the last one before it: the loss, the backward) up to the
+    failing request, the same stacks allocation by allocation, and the step before ended (its memory fell
+    back before the failing call began). None when an earlier step already peaked as high as this
+    moment. Worked out once."""
+    if ev.aligned is not False:
+        return ev.aligned if isinstance(ev.aligned, AlignedStep) else None
+    ev.aligned = None
+    tl, oom, needed = ev.oom_timeline, ev.oom_entry, ev.needed_bytes
+    if tl is None or oom is None or needed is None or not ev.has_frames:
+        return None
+    peaks = [s.peak_allocated_bytes for s in ev.steps] if len(ev.steps) >= 2 else ev.earlier_peaks
+    if peaks and max(peaks) >= needed:
+        # a step as large already ran to its end: scaling a smaller one (whose parts grow at different
+        # rates: attention with the square of the length) says less than that
+        return None
+    call_of = _model_calls(ev, tl)
+    end = oom.index
+    key = model_call(ev.classifier, oom.frames) if oom.frames else None
+    last = next((call_of[i] for i in reversed(tl.alloc_indices) if i < end and i in call_of), None)
+    if key is None or (last is not None and last[0] != key):
+        if last is None:
+            return None
+        key, n = last  # the OOM came after the step's forward: the step began with that call
+    else:
+        n = last[1] if last is not None else 1  # the OOM came inside the call under way
+        if last is None or (oom.frames and _call_ended(call_of, tl, last, end)):
+            n += 1 if last is not None else 0
+    if n < 2:
+        return None
+    begins: dict[CallId, int] = {}
+    for i, c in call_of.items():  # in trace order
+        if c[0] == key and c[1] in (n - 1, n) and c not in begins:
+            begins[c] = i
+    e0, f0 = begins.get((key, n - 1)), begins.get((key, n), end)
+    if e0 is None:
+        return None
+    allocs = tl.alloc_indices
+    lo, mid, hi = bisect_right(allocs, e0 - 1), bisect_right(allocs, f0 - 1), bisect_right(allocs, end - 1)
+    earlier, mine = allocs[lo:mid], allocs[mid:hi]
+    m = len(mine)
+    if len(earlier) <= m:
+        return None
+    raw = tl.raw
+
+    def stack(frames: Any) -> tuple[Any, ...]:
+        return tuple((f.get("filename"), f.get("line")) for f in frames or [] if isinstance(f, dict))
+
+    if stack(raw[earlier[m]].get("frames")) != stack(oom.frames):
+        return None
+    if any(
+        stack(raw[a].get("frames")) != stack(raw[b].get("frames"))
+        for a, b in zip(earlier[:m], mine, strict=True)
+    ):
+        return None
+    e_start = tl.level_at(e0 - 1) if e0 > 0 else tl.start_allocated
+    f_start = tl.level_at(f0 - 1) if f0 > 0 else tl.start_allocated
+    e_grown = (
+        tl.level_at(earlier[m]) - e_start
+    )  # the earlier step, its counterpart of the failing request made
+    if e_grown <= ALIGN_MIN_GROWTH * max(1, e_start):
+        return None
+    e_peak = tl.max_level_between(e0, f0)
+    # the earlier step ended before the failing call began: its growth came back down
+    if tl.min_level_between(earlier[-1], f0) - e_start > 0.5 * (e_peak - e_start):
+        return None
+    ratio = (needed - f_start) / e_grown
+    if ratio <= 0:
+        return None
+    got = AlignedStep(
+        call=Site(str(key[0]), int(key[1] or 0), str(key[2])),
+        position=m,
+        ratio=ratio,
+        earlier_peak=e_peak,
+        start=f_start,
+        predicted=f_start + round(ratio * (e_peak - e_start)),
+    )
+    ev.aligned = got
+    return got
+
+
+def _call_ended(call_of: dict[int, CallId], tl: DeviceTimeline, call: CallId, end: int) -> bool:
+    """Whether an allocation outside ``call`` came after its last one and before ``end`` (the OOM then
+    begins the line's next call)."""
+    last = max(i for i, c in call_of.items() if c == call)
+    return any(i not in call_of or call_of[i] != call for i in tl.alloc_indices if last < i < end)
 
 
 def _optimizer_step(frames: Sequence[Any]) -> bool:
