@@ -30,6 +30,14 @@ def one_block_segment(device: int, address: int, size: int, frames: list[dict[st
     }
 
 
+def free_segment(device: int, address: int, size: int) -> dict[str, Any]:
+    """A cached segment with nothing allocated in it: one free (inactive) block of ``size`` bytes."""
+    seg = one_block_segment(device, address, size, [])
+    seg.update(allocated_size=0, active_size=0, requested_size=0)
+    seg["blocks"][0].update(state="inactive", requested_size=0)
+    return seg
+
+
 MiB = 1 << 20
 ACT = [{"filename": "/w/model.py", "line": 12, "name": "forward"}]
 KEEP = [{"filename": "/w/train.py", "line": 99, "name": "train_step"}]

@@ -15,31 +15,11 @@ from typing import Any
 
 import pytest
 
-from tests.rules.rawsnap import MiB, Trace
+from tests.rules.rawsnap import MiB, Trace, free_segment
 from tests.rules.test_kept_calls import TRAIN_CALL, backward, data, forward, under, weights
 from triage.evidence import aligned_step
 from triage.pipeline import diagnose_snapshot
 from triage.snapshot.loader import normalise
-
-
-def hole(address: int, size: int) -> dict[str, Any]:
-    """A cached segment with nothing allocated in it: one free block."""
-    return {
-        "device": 0,
-        "address": address,
-        "total_size": size,
-        "allocated_size": 0,
-        "active_size": 0,
-        "requested_size": 0,
-        "stream": 0,
-        "segment_type": "large",
-        "segment_pool_id": (0, 0),
-        "is_expandable": False,
-        "frames": [],
-        "blocks": [
-            {"address": address, "size": size, "requested_size": 0, "state": "inactive", "frames": []}
-        ],
-    }
 
 
 def longer_input(*, holes: int, layers_done: int = 4) -> dict[str, Any]:
@@ -63,7 +43,7 @@ def longer_input(*, holes: int, layers_done: int = 4) -> dict[str, Any]:
         "frames": under(TRAIN_CALL, 30),
     }
     t.entries.append(oom)
-    segments = t.segments() + [hole((9 << 40) + k * (1 << 30), 380 * MiB) for k in range(holes)]
+    segments = t.segments() + [free_segment(0, (9 << 40) + k * (1 << 30), 380 * MiB) for k in range(holes)]
     return {"segments": segments, "device_traces": [t.entries]}
 
 
