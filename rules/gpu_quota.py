@@ -91,10 +91,11 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.actions.append(
             "Fix the scheduling: the node selector / GPU product label must match the GPU the job was sized for."
         )
-    if ev.vgpu_limit_bytes and (total is None or ev.vgpu_limit_bytes < total):
+    physical = max(total or 0, ev.named_total_bytes or 0) or None
+    if ev.vgpu_limit_bytes and (physical is None or ev.vgpu_limit_bytes < physical):
         f.facts.append(
             f"A virtual-GPU layer limits the job to {human(ev.vgpu_limit_bytes)}"
-            + (f" of the device's {human(total)}." if total else ".")
+            + (f" of the device's {human(physical)}." if physical else ".")
         )
         f.values["vgpu_limit_bytes"] = ev.vgpu_limit_bytes
         f.score = max(f.score, LIKELY + 0.05)

@@ -78,6 +78,36 @@ CUDA_CONTEXT_MAX = (
 )  # a process's own non-PyTorch memory (context, cuBLAS/NCCL workspaces) rarely exceeds this
 
 
+_RE_NAMED_GB = re.compile(r"(?<![\d.])(\d{1,3})\s?GB\b", re.IGNORECASE)
+
+
+def _named_bytes(name: str) -> int | None:
+    """The memory a GPU's product name states ("A100-SXM4-80GB", "H100 80GB HBM3"): NVIDIA's GB there is
+    GiB (the 80GB A100 has 81,920 MiB). Not a Grace superchip's ("GH200 480GB": its CPU memory too)."""
+    if re.search(r"\bG[BH]\d{3}\b", name or ""):
+        return None
+    found = _RE_NAMED_GB.search(name or "")
+    return int(found.group(1)) * GiB if found else None
+
+
+_RE_MEM_LIMIT = re.compile(r"^\s*(\d{1,15})\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+
+
+def _vgpu_env_limit(env: Any, device: int | None) -> int | None:
+    """A vGPU layer's memory limit from the job's environment (HAMi: ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` or
+    ``CUDA_DEVICE_MEMORY_LIMIT``, a number with an optional k/m/g unit; plain numbers are MiB)."""
+    if not isinstance(env, dict):
+        return None
+    raw = env.get(f"CUDA_DEVICE_MEMORY_LIMIT_{device if device is not None else 0}")
+    if raw is None:
+        raw = env.get("CUDA_DEVICE_MEMORY_LIMIT")
+    got = _RE_MEM_LIMIT.match(str(raw)) if raw is not None else None
+    if got is None:
+        return None
+    unit = {"": MiB, "k": 1024, "m": MiB, "g": GiB, "t": 1024 * GiB}[got.group(2).lower()]
+    return int(got.group(1)) * unit or None
+
+
 def _get(d: Any, *path: str) -> Any:
     for k in path:
         if not isinstance(d, dict):
@@ -368,6 +398,7 @@ class Evidence:
     fraction_rejected: bool = False
     vgpu_limit_bytes: int | None = None
     vgpu_used_bytes: int | None = None
+    named_total_bytes: int | None = None  # the memory the device's product name states
     request_bytes: int | None = None  # the allocator's request at the OOM (segment size when known)
     request_rounded_bytes: int | None = None  # the rounded block request (oom trace entry)
     device_free_bytes: int | None = None
@@ -530,8 +561,9 @@ class Evidence:
         limited = self.limit_bytes
         if self.declared_total_bytes and limited and self.declared_total_bytes > limited * 1.05:
             return self.declared_total_bytes
-        if self.total_bytes and limited and limited < self.total_bytes * 0.98:
-            return self.total_bytes  # a fraction cap or a vGPU limit below the device
+        physical = max(self.total_bytes or 0, self.named_total_bytes or 0)
+        if physical and limited and limited < physical * 0.98:
+            return physical  # a fraction cap or a vGPU limit below the device (a hooked total: its name's)
         return None
 
     @property
@@ -745,6 +777,17 @@ def _device(ev: Evidence) -> None:
     if m is not None:
         ev.vgpu_limit_bytes = m.vgpu_limit_bytes
         ev.vgpu_used_bytes = m.vgpu_used_bytes
+    ev.named_total_bytes = _named_bytes(ev.device_name) if ev.mig_profile is None else None
+    if ev.vgpu_limit_bytes is None:
+        ev.vgpu_limit_bytes = _vgpu_env_limit(_get(b, "environment"), ev.device)
+    named = ev.named_total_bytes
+    if ev.vgpu_limit_bytes is None and named and ev.total_bytes and ev.total_bytes < 0.9 * named:
+        # the device reports far less than its product has: a layer between (HAMi hooks cuMemGetInfo)
+        ev.vgpu_limit_bytes = ev.total_bytes
+        ev.notes.append(
+            f"The device is named {ev.device_name} but reports {human(ev.total_bytes)}: a virtual-GPU layer "
+            "limits what the job sees."
+        )
     # the request and what the device had free
     req = m.requested_bytes if m else None
     if req is None and isinstance(obs, dict):
@@ -1315,8 +1358,9 @@ def frame_key(fr: Any) -> tuple[Any, Any, Any]:
 
 def model_call(classifier: FrameClassifier, frames: Sequence[Any]) -> tuple[Any, Any, Any] | None:
     """The user line that called the model an allocation ran in (``out = model(x)``): the outermost user
-    frame with torch's module-call frames just inside it. None when the allocation did not happen inside
-    a module's forward (the loss, the optimizer, a copy in the loop, the autograd engine's thread)."""
+    frame with torch's module-call frames just inside it, or a user ``forward`` (a model's forward called
+    directly, or a stack recorded without the module-call frames). None when the allocation did not happen
+    inside a forward (the loss, the optimizer, a copy in the loop, the autograd engine's thread)."""
     call = None
     inside = False
     for fr in frames:  # innermost first
@@ -1326,7 +1370,7 @@ def model_call(classifier: FrameClassifier, frames: Sequence[Any]) -> tuple[Any,
         if is_user:
             if inside:
                 call = frame_key(fr)
-            inside = False
+            inside = fr.get("name") == "forward"
         elif is_python and fr.get("name") in _MODULE_CALL and "modules/module" in str(fr.get("filename", "")):
             inside = True
     return call
