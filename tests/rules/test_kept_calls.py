@@ -423,3 +423,21 @@ def test_kept_calls_that_are_most_of_the_memory_convict_when_the_call_under_way_
     assert needed is not None and needed - peak > kc.bytes  # not within the earlier steps' peak
     assert (kept_graphs(ev) is not None) == leak
     assert (d.verdict == "tensor_leak") == leak, d.headline
+
+
+def test_a_forward_on_the_stack_without_module_call_frames_is_a_model_call() -> None:
+    """``model.forward(x)`` called directly (or a stack recorded without torch's module-call frames): the
+    user line outside a user ``forward`` is the model call; a stack with no forward on it is none."""
+    from triage.evidence import model_call
+    from triage.snapshot.frames import FrameClassifier
+
+    fc = FrameClassifier()
+    direct = [{"filename": "/w/model.py", "line": 139, "name": "forward"}, TRAIN_CALL, *MAIN]
+    assert model_call(fc, direct) == ("/w/train.py", 61, "train_step")
+    nested = [
+        *under(TRAIN_CALL, 30)[:1],
+        *MODULE,
+        {"filename": "/w/model.py", "line": 141, "name": "forward"},
+    ]
+    assert model_call(fc, [*nested, TRAIN_CALL, *MAIN]) == ("/w/train.py", 61, "train_step")
+    assert model_call(fc, [line(73, "train_step"), *MAIN]) is None  # the loss, outside any forward
