@@ -121,11 +121,26 @@ def evaluate(ev: Evidence) -> Finding | None:
             f"The cached free memory is under {MIN_WASTE_FRACTION:.0%} of what the job may hold: a minor factor."
         )
         f.score = min(f.score - 0.15, POSSIBLE)  # packing it would not have bought the job anything real
+    tl = ev.oom_timeline
     if ev.step is not None and ev.step <= 1:
         # holes build up over iterations of a varying workload; in the first steps the batch itself is the
         # likelier story, and the snapshot cannot tell the two apart
         f.facts.append(
             f"It failed at step {ev.step}: too early for holes to have built up; the batch may just be too large."
+        )
+        f.score -= 0.3
+    elif (
+        ev.step is None
+        and not ev.steps
+        and tl is not None
+        and tl.start_allocated == 0
+        and ev.freed_calls is not None
+        and ev.freed_calls <= 1
+    ):
+        # the same, read off a trace that begins at the model's load: at most one forward pass came and went
+        f.facts.append(
+            "The trace begins at the model's load and at most one forward pass ended before the OOM: too early "
+            "for holes to have built up; the batch may just be too large."
         )
         f.score -= 0.3
     promised = ev.promised_bytes

@@ -488,6 +488,10 @@ class Evidence:
         few to say what the job's steps demand."""
         if self.steps:
             peaks = [s.peak_allocated_bytes for s in self.steps]
+        elif self.freed_calls is not None and self.freed_calls < TRACE_MIN_CYCLES:
+            # the stacks show the model's calls, and fewer forward passes than that came and went: the
+            # cycles are a forward pass's layers (checkpointed blocks, large temporaries), not steps
+            peaks = []
         else:
             peaks = [top for _, top in self._oom_trace_cycles[1:-1]]
         return peaks if len(peaks) >= TRACE_MIN_CYCLES else []

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.rules.rawsnap import MiB, Trace, free_segment
-from tests.rules.test_kept_calls import TRAIN_CALL, backward, data, forward, under, weights
+from tests.rules.test_kept_calls import TRAIN_CALL, backward, data, forward, line, under, weights
 from triage.evidence import aligned_step
 from triage.pipeline import diagnose_snapshot
 from triage.snapshot.loader import normalise
@@ -102,3 +102,38 @@ def test_a_different_path_through_the_model_is_not_aligned() -> None:
     raw["device_traces"][0][-1]["frames"] = under(TRAIN_CALL, 40)
     _, ev = diagnose_snapshot(normalise(raw))
     assert aligned_step(ev) is None
+
+
+@pytest.mark.parametrize("steps_before", [0, 6])
+def test_the_layers_of_a_first_forward_are_not_earlier_steps(steps_before: int) -> None:
+    """A trace from the model's load: ``steps_before`` training steps, then a forward pass whose layers
+    each make and free a large temporary (memory rises and falls eight times) and which fails at a 512 MiB
+    request beside two 380 MiB holes. With no step before it, those swings are layers, not steps: no
+    earlier peak is read off them, and it is too early for holes to be the story."""
+    t = Trace(0)
+    weights(t)
+    for _ in range(steps_before):
+        backward(t, forward(t, TRAIN_CALL, 128 * MiB))
+    forward(t, TRAIN_CALL, 128 * MiB)
+    t.entries.append(
+        {
+            "action": "oom",
+            "addr": 0,
+            "size": 512 * MiB,
+            "stream": 0,
+            "device_free": 0,
+            "frames": [line(73, "train_step")],
+        }
+    )
+    raw = {
+        "segments": t.segments() + [free_segment(0, (9 << 40) + k * (1 << 30), 380 * MiB) for k in range(2)],
+        "device_traces": [t.entries],
+    }
+    d, ev = diagnose_snapshot(normalise(raw), message=message(raw))
+    assert ev.freed_calls == steps_before
+    early = any("at most one forward pass ended" in e.fact for e in d.evidence)
+    if steps_before == 0:
+        assert ev.earlier_peaks == [] and early
+        assert d.verdict != "fragmentation", d.headline
+    else:
+        assert ev.earlier_peaks and not early
