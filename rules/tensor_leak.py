@@ -26,6 +26,12 @@ Two independent signals, either of which can carry the verdict:
    calls the model is the leak. A step that runs the model on several views or micro-batches before one
    backward holds its calls too, at every step; when the trace begins with the kept calls and cannot
    tell, the leak stays a lead. When calls are most of what survives across steps, they name the site.
+   Calls held after an optimizer step that came after them (torch/optim's frames on an allocation) are
+   kept whatever the line did before: their step's backward and update were over (a recurrent hidden
+   state carried into the next step without ``.detach()``). And when the call under way is larger than
+   any training step, kept calls that are most of this moment's memory, without which it fitted, convict.
+   A model call is the user line just outside torch's module-call frames, or outside a user ``forward``
+   (a model's forward called directly).
 
 The leak site is the innermost user-code frame of the surviving blocks' stacks (library and C++ frames
 skipped; see ``triage.snapshot.frames``). Without stacks the verdict can stand on the timeline, with
