@@ -231,7 +231,10 @@ def _lead_by_calls(ev: Evidence, f: Finding) -> None:
     if grown <= 0:
         return
     held = live_under_calls(ev).get((kc.call.filename, kc.call.line, kc.call.name), (0, 0))[0]
-    if not 0.8 * grown <= held <= 1.5 * grown:
+    # calls kept past their optimizer step, about one a step: whole graphs kept (the loss's saved tensors,
+    # made outside the call, are the rest of the growth)
+    past = kc.past_step >= 1 and 2 * kc.calls >= trend.steps and held <= 1.5 * grown
+    if not (0.8 * grown <= held <= 1.5 * grown or past):
         return
     f.leak_site = kc.call.to_dict()
     f.facts.append(
@@ -357,7 +360,13 @@ def evaluate(ev: Evidence) -> Finding | None:
         if st.site.kind in ("user", "library"):
             f.leak_site = st.site.to_dict()
         held = ev.kept_calls
-        if held is not None and held.calls > leak.cycles and held.bytes >= 2 * st.bytes:
+        if (
+            held is not None
+            and held.calls > leak.cycles
+            # the calls hold far more than the site, or they outlived their optimizer steps (whole graphs
+            # kept, the site's blocks among them)
+            and (held.bytes >= 2 * st.bytes or (held.past_step >= 1 and held.bytes >= st.bytes))
+        ):
             # what is kept with it is mostly whole forward passes: the outputs of those calls are kept with
             # their graphs (a buffer of model outputs), and the call is the line to fix
             f.facts.insert(

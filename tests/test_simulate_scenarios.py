@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import itertools
 import json
 import pickle
 import subprocess
@@ -44,6 +45,7 @@ VERDICT = {
     "leak_like_big_batch": {"tensor_leak"},
     "leak_no_frames": {"tensor_leak"},
     "eval_leak": {"tensor_leak", "workload_too_large"},
+    "carried_graph": {"tensor_leak"},
 }
 HARD_NEGATIVES = {"bounded_cache", "small_request_big_hole", "leak_like_big_batch", "leak_no_frames"}
 
@@ -204,6 +206,24 @@ def test_eval_leak_keeps_every_validation_output_with_its_graph() -> None:
     neg = get("eval_leak", 0, variant="big_batch")
     assert neg.truth["verdict"] == "workload_too_large" and neg.truth["hard_negative"]
     assert neg.truth["leak_site"] is None
+
+
+def test_a_carried_graph_keeps_every_step_s_saved_activations() -> None:
+    """Each step's backward keeps its saved tensors (the graph is retained and still referenced): live
+    memory after the steps rises by about a forward pass a step, and the same job without it runs."""
+    r = get("carried_graph", 1)
+    assert r.truth["verdict"] == "tensor_leak" and r.truth["leak_site"] is not None
+    timeline = r.bundle["timeline"]
+    assert len(timeline) >= 4
+    rises = [b["allocated_bytes"] - a["allocated_bytes"] for a, b in itertools.pairwise(timeline)]
+    assert all(d > 0 for d in rises[1:])  # every step after the first keeps its graph
+    a = r.allocator
+    assert a is not None
+    site = r.truth["leak_site"]
+    under_call = [
+        addr for addr in a.live_blocks() if any(f.get("line") == site["line"] for f in a.frames_of(addr))
+    ]
+    assert len(under_call) >= 4 * len(timeline)  # several saved activations per kept step
 
 
 def test_leak_without_frames() -> None:

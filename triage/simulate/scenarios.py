@@ -912,6 +912,9 @@ class Job:
         self.cache_spec: Leak | None = None
         self.empty_cache_every = 0
         self.log_every = 0
+        self.retain_graph = (
+            False  # backward(retain_graph=True) with the graph still referenced: nothing saved is freed
+        )
         self.site = "init.to"
         self.leak_site: str | None = None
         self._pidx = spec.index()
@@ -930,6 +933,14 @@ class Job:
 
     def fr(self, addr: int, phase: str = "engine") -> None:
         self.a.free(addr, self.prog.free_stack(phase))
+
+    def fs(self, addr: int) -> None:
+        """The backward is done with a saved activation: freed, unless the graph is retained and still
+        referenced (then it stays, with every other saved tensor of that step)."""
+        if self.retain_graph:
+            self.kept.append(addr)
+        else:
+            self.fr(addr)
 
     def setup(self) -> None:
         for _name, n, _layer in self.spec.params:
@@ -1091,58 +1102,58 @@ class Job:
         gl = self.e("NllLossBackward0", B * S * V * 4)
         glog = self.e("LogSoftmaxBackward0", B * S * V * d)
         self.fr(gl)
-        self.fr(logp)
+        self.fs(logp)
         self._grads("lm_head", "MmBackward0")
         gx = self.e("MmBackward0", bsh)
         self.fr(glog)
         self._grads("norm", "NativeLayerNormBackward0")
         g = self.e("NativeLayerNormBackward0", bsh)
         self.fr(gx)
-        self.fr(xf)
-        self.fr(stf)
-        self.fr(prev)
+        self.fs(xf)
+        self.fs(stf)
+        self.fs(prev)
         gx = g
         for layer in reversed(range(L)):
             pb = f"blocks.{layer}"
             inp, ln1, st1, qkv, att, lse, r1, ln2, st2, fc1, act = layers[layer]
             self._grads(f"{pb}.mlp.fc2", "MmBackward0")
             g_act = self.e("MmBackward0", 4 * bsh)
-            self.fr(act)
+            self.fs(act)
             g_fc1 = self.e("GeluBackward0", 4 * bsh)
             self.fr(g_act)
             self._grads(f"{pb}.mlp.fc1", "MmBackward0")
             g_ln2 = self.e("MmBackward0", bsh)
             self.fr(g_fc1)
-            self.fr(fc1)
+            self.fs(fc1)
             self._grads(f"{pb}.ln2", "NativeLayerNormBackward0")
             g_r1 = self.e("NativeLayerNormBackward0", bsh)
             self.fr(g_ln2)
-            self.fr(ln2)
-            self.fr(st2)
+            self.fs(ln2)
+            self.fs(st2)
             self.fr(gx)
             self._grads(f"{pb}.attn.proj", "MmBackward0")
             g_att = self.e("MmBackward0", bsh)
             g_qkv = self.e("ScaledDotProductFlashAttentionBackward0", 3 * bsh)
             self.fr(g_att)
-            self.fr(att)
-            self.fr(lse)
+            self.fs(att)
+            self.fs(lse)
             self._grads(f"{pb}.attn.qkv", "MmBackward0")
             g_ln1 = self.e("MmBackward0", bsh)
             self.fr(g_qkv)
-            self.fr(qkv)
+            self.fs(qkv)
             self._grads(f"{pb}.ln1", "NativeLayerNormBackward0")
             g_in = self.e("NativeLayerNormBackward0", bsh)
             self.fr(g_ln1)
-            self.fr(ln1)
-            self.fr(st1)
-            self.fr(r1)
+            self.fs(ln1)
+            self.fs(st1)
+            self.fs(r1)
             self.fr(g_r1)
             if layer:
-                self.fr(inp)
+                self.fs(inp)
             gx = g_in
         self._grad(0, "EmbeddingBackward0")
         self.fr(gx)
-        self.fr(x)
+        self.fs(x)
         locals_ = [ids, tgt, loss]
         if not kept_logits:
             locals_.append(logits)
@@ -1179,31 +1190,31 @@ class Job:
         loss = self.m("loss", 4)
         kept_logits = self._keep(k, B, 0, logits, B * sp.channels[-1] * sp.spatial[-1] ** 2 * d)
         gl = self.e("NllLossBackward0", B * sp.classes * 4)
-        self.fr(logp)
+        self.fs(logp)
         self._grad(len(sp.params) - 2, "MmBackward0")
         self._grad(len(sp.params) - 1, "AddmmBackward0")
         gp = self.e("MmBackward0", B * sp.channels[-1] * d)
         self.fr(gl)
-        self.fr(pooled)
+        self.fs(pooled)
         g = self.e("MeanBackward1", B * sp.channels[-1] * sp.spatial[-1] ** 2 * d)
         self.fr(gp)
         for i in reversed(range(sp.n_layers)):
             row = saved[i]
             n = B * sp.channels[i] * sp.spatial[i] ** 2 * d
             if not sp.relu_inplace:
-                self.fr(row[3])
+                self.fs(row[3])
             gr = self.e("ReluBackward0", n) if not sp.relu_inplace else None
             self._grad(3 * i + 1, "CudnnBatchNormBackward0")
             self._grad(3 * i + 2, "CudnnBatchNormBackward0")
             gb = self.e("CudnnBatchNormBackward0", n)
             if gr is not None:
                 self.fr(gr)
-            self.fr(row[1])
-            self.fr(row[2])
+            self.fs(row[1])
+            self.fs(row[2])
             self._grad(3 * i, "ConvolutionBackward0")
             gin = self.e("ConvolutionBackward0", B * 3 * sp.image * sp.image * d if i == 0 else n)
             self.fr(gb)
-            self.fr(row[0])
+            self.fs(row[0])
             self.fr(g)
             g = gin
         self.fr(g)
@@ -1442,10 +1453,12 @@ def _run(
     events: dict[int, Callable[[CachingAllocator], None]] | None = None,
     empty_cache_every: int = 0,
     alloc: CachingAllocator | None = None,
+    retain_graph: bool = False,
     **over: Any,
 ) -> Run:
     a = alloc or w.make_alloc(history=history, **over)
     job = Job(w.spec, w.prog, a, w.op_us)
+    job.retain_graph = retain_graph
     job.leak = leak
     job.cache_spec = cache
     job.use_mems = use_mems
@@ -2145,6 +2158,36 @@ def eval_leak(seed: int, **params: Any) -> ScenarioResult:
         return _gpu_result(w, done, truth, params, batch_size=B)
 
     return _attempts("eval_leak", seed, params, body)
+
+
+@scenario("carried_graph")
+def carried_graph(seed: int, **params: Any) -> ScenarioResult:
+    """A state carried from one step into the next without ``.detach()`` (an RNN's hidden state, a memory)
+    with ``backward(retain_graph=True)`` to silence the error that says the graph was freed: every step's
+    saved activations stay referenced, and live memory grows by a forward pass a step until the device is
+    full. A leak at the line that calls the model (where the state is carried in); without it the job
+    runs."""
+
+    def body(attempt: int) -> ScenarioResult:
+        w = _new_world("carried_graph", seed, attempt)
+        rng = w.rng
+        B = max(1, _batch_estimate(w, rng.uniform(0.03, 0.12)))
+        if not _fits(w, B, steps=3):
+            raise _Retry("the batch does not fit without the carried graph")
+        run = _run(w, steps=int(params.get("max_steps", 300)), batch=B, retain_graph=True)
+        if run.oom is None or run.oom_step is None or run.oom_step < 4:
+            raise _Retry(f"the carried graphs did not fill the device after a few steps ({run.oom_step})")
+        call = w.prog.loop("forward")[0]
+        site = dict(call) if w.prog.record_frames else None
+        truth = _truth(
+            "tensor_leak",
+            "carried_graph",
+            leak_site=site,
+            notes=f"every step's graph kept by a carried state; OOM at step {run.oom_step}, batch {B}",
+        )
+        return _gpu_result(w, run, truth, params, batch_size=B)
+
+    return _attempts("carried_graph", seed, params, body)
 
 
 def _frag_state(run: Run, cap: int) -> tuple[bool, int, int]:
