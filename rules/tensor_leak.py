@@ -363,9 +363,10 @@ def evaluate(ev: Evidence) -> Finding | None:
         if (
             held is not None
             and held.calls > leak.cycles
-            # the calls hold far more than the site, or they outlived their optimizer steps (whole graphs
-            # kept, the site's blocks among them)
-            and (held.bytes >= 2 * st.bytes or (held.past_step >= 1 and held.bytes >= st.bytes))
+            # the calls hold far more than the site; or they hold whole graphs (several blocks a call, saved
+            # activations, not one output each) and at least half of what the site holds (a layer's line
+            # whose saved activations are those graphs', beside the call under way)
+            and (held.bytes >= 2 * st.bytes or (2 * held.bytes >= st.bytes and held.blocks >= 2 * held.calls))
         ):
             # what is kept with it is mostly whole forward passes: the outputs of those calls are kept with
             # their graphs (a buffer of model outputs), and the call is the line to fix

@@ -1281,13 +1281,21 @@ def _survivors(ev: Evidence) -> None:
         if swing is None:
             swing = swings[dev] = _step_swing(tl)
         call_of = _model_calls(ev, tl)
+        # two blocks made in one call of the model are layers of one forward pass, not two steps: each call
+        # is read at its first survivor, so two calls' are compared at the same point of their forward
+        # passes (the last layer's of one against the first layer's of the next would differ by a whole
+        # forward's activations); made in two calls, only a backward between them ends a step
+        firsts = [
+            i
+            for j, i in enumerate(idx)
+            if j == 0 or call_of.get(i) is None or call_of.get(i) != call_of.get(idx[j - 1])
+        ]
         cycles = sum(
             1
-            for a, c in itertools.pairwise(idx)
-            # two blocks made in one call of the model are layers of one forward pass, not two steps; made
-            # in two calls, only a backward between them (freeing what the forward saved) ends a step
-            if (call_of.get(a) is None or call_of.get(a) != call_of.get(c))
-            and _is_cycle(tl, a, c, swing, low_point=call_of.get(a) is None)
+            for a, c in itertools.pairwise(firsts)
+            # two calls' first survivors sit at the same point of their forward passes: memory that rose
+            # and came back down between them is a forward and a backward that came and went
+            if (call_of.get(a) is None or call_of.get(a) != call_of.get(c)) and _is_cycle(tl, a, c, swing)
         )
         freed = max(0, st.allocs_in_trace - st.traced)
         after = 0
