@@ -441,3 +441,28 @@ def test_a_forward_on_the_stack_without_module_call_frames_is_a_model_call() -> 
     ]
     assert model_call(fc, [*nested, TRAIN_CALL, *MAIN]) == ("/w/train.py", 61, "train_step")
     assert model_call(fc, [line(73, "train_step"), *MAIN]) is None  # the loss, outside any forward
+
+
+@pytest.mark.parametrize("first_layer", [False, True])
+def test_blocks_kept_inside_every_forward_are_read_across_steps(first_layer: bool) -> None:
+    """A forward hook keeps two layers' attention maps every step (a list never cleared), or a memory
+    keeps every layer's output from the first layer on: blocks made inside the forward, several a call.
+    Each call is read at its first survivor, so consecutive calls are compared at the same point of their
+    forward passes, and the steps between them show."""
+    hook = [{"filename": "/w/model.py", "line": 74, "name": "forward"}, *MODULE, TRAIN_CALL, *MAIN]
+    t = Trace(0)
+    weights(t)
+    for _ in range(8):
+        t.alloc(16 * MiB, data(TRAIN_CALL))
+        saved = []
+        for layer in range(LAYERS):
+            saved.append(t.alloc(128 * MiB, under(TRAIN_CALL, 30)))
+            if first_layer or layer >= LAYERS - 2:
+                t.alloc(16 * MiB, hook)  # kept: never freed
+            t.free(t.alloc(256 * MiB, under(TRAIN_CALL, 34)))
+        backward(t, saved)
+    forward(t, TRAIN_CALL, 128 * MiB)
+    d, ev = diagnose_snapshot(normalise(oom(t, TRAIN_CALL)))
+    site = next(s for s in ev.survivors if s.stats.site.line == 74)
+    assert site.cycles >= 6
+    assert d.verdict == "tensor_leak" and d.leak_site == hook[0], d.headline
