@@ -34,7 +34,7 @@ from rules.base import (
     UNLIKE_EARLIER,
     Finding,
 )
-from triage.evidence import TRACE_MIN_CYCLES, aligned_step
+from triage.evidence import TRACE_MIN_CYCLES, accumulating_site, aligned_step
 from triage.units import human
 
 if TYPE_CHECKING:
@@ -187,6 +187,14 @@ def evaluate(ev: Evidence) -> Finding | None:
                 "finished: a step unlike the earlier ones, which may not fit at all, packed or not."
             )
             f.score = min(f.score, LEAD)
+    adding = accumulating_site(ev)
+    if adding is not None:
+        f.facts.append(
+            f"{human(adding.stats.bytes)} is held at {adding.stats.site.label}, made before the trace began and "
+            "again in it and never freed: memory that keeps being added leaves holes behind; whether it grew "
+            "to the OOM is not in this input."
+        )
+        f.score = min(f.score, LEAD)
     kc = ev.kept_calls
     if (
         kc is not None

@@ -43,7 +43,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rules.base import CANDIDATE, LEAD, LIKELY, STRONG, Finding
-from triage.evidence import LATE_RISES, kept_graphs, live_under_calls, trace_cycles
+from triage.evidence import LATE_RISES, accumulating_site, kept_graphs, live_under_calls, trace_cycles
 from triage.units import GiB, MiB, human
 
 if TYPE_CHECKING:
@@ -494,7 +494,21 @@ def evaluate(ev: Evidence) -> Finding | None:
         if not ev.is_cuda_oom:
             return None  # no OOM and nothing growing: nothing to suspect
         f.score = CANDIDATE
-        if ev.has_trace and ev.has_frames:
+        adding = accumulating_site(ev)
+        if adding is not None:
+            st = adding.stats
+            f.facts.append(
+                f"{st.count} blocks, {human(st.bytes)}, allocated at {st.site.label} are alive, "
+                f"{st.count - st.traced} of them from before the trace began and {st.traced} made in it after "
+                "a step ended; none of that site's allocations was freed: it keeps adding, but the trace shows "
+                "too few of its steps to tell a leak from a store the job means to keep."
+            )
+            f.missing.append(
+                "live memory after each step (the collector's step samples): whether it kept growing"
+            )
+            f.leak_site = st.site.to_dict()
+            f.score = LEAD
+        elif ev.has_trace and ev.has_frames:
             f.score = 0.15
             f.facts.append("No allocation site in the trace kept blocks alive across steps.")
         else:

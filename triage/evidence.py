@@ -255,6 +255,12 @@ class Survivors:
     evicted_meanwhile: bool = True  # an older one was freed after the first survivor was made (eviction)
 
     @property
+    def accumulating(self) -> bool:
+        """Made before the trace began (blocks older than it) and again in it, after a step ended, none of
+        its allocations freed: a site that keeps adding, too few times in the trace to convict."""
+        return self.cycles >= 1 and self.freed_at_site == 0 and self.stats.count > self.stats.traced
+
+    @property
     def evicted_like_a_cache(self) -> bool:
         """A bounded cache frees its *oldest* entries: what was freed came before every survivor, and
         it is freed as new entries come in, while the survivors are alive. A leak that keeps every other
@@ -1309,6 +1315,24 @@ def _survivors(ev: Evidence) -> None:
             sv.evicted_meanwhile = _freed_after(tl, by_site.get((dev, st.site), []), idx[0])
         ev.survivors.append(sv)
     ev.survivors.sort(key=lambda s: (-s.cycles, -s.stats.bytes))
+
+
+ACCUMULATING_SHARE = 0.25  # of live memory: a site that keeps adding this much is a story of its own
+
+
+def accumulating_site(ev: Evidence) -> Survivors | None:
+    """The largest user site that keeps adding (``Survivors.accumulating``) and holds at least
+    ``ACCUMULATING_SHARE`` of live memory at the OOM; without step samples, which could settle it."""
+    if ev.steps or not ev.allocated_bytes:
+        return None
+    grown = [
+        s
+        for s in ev.survivors
+        if s.accumulating
+        and s.stats.site.kind == "user"
+        and s.stats.bytes >= ACCUMULATING_SHARE * ev.allocated_bytes
+    ]
+    return max(grown, key=lambda s: s.stats.bytes) if grown else None
 
 
 def kept_graphs(ev: Evidence, *, unproven: bool = False) -> tuple[KeptCalls, int | None] | None:

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.rules.rawsnap import MiB, Trace, free_segment
-from tests.rules.test_kept_calls import TRAIN_CALL, backward, data, forward, line, under, weights
+from tests.rules.rawsnap import MiB, Trace, free_segment, one_block_segment
+from tests.rules.test_kept_calls import MAIN, TRAIN_CALL, backward, data, forward, line, oom, under, weights
 from triage.evidence import aligned_step
 from triage.pipeline import diagnose_snapshot
 from triage.snapshot.loader import normalise
@@ -137,3 +137,34 @@ def test_the_layers_of_a_first_forward_are_not_earlier_steps(steps_before: int) 
         assert d.verdict != "fragmentation", d.headline
     else:
         assert ev.earlier_peaks and not early
+
+
+@pytest.mark.parametrize(("older", "lead"), [(6, True), (0, False)])
+def test_a_site_that_keeps_adding_is_a_lead_without_step_samples(older: int, lead: bool) -> None:
+    """A line keeps a 1 GiB copy every few steps and never frees one (best checkpoints kept on the GPU):
+    ``older`` copies were made before the trace began, two more in it, a step apart. The trace shows too
+    few of its steps to convict, but when the copies are a large part of memory, the leak is the first
+    candidate and the holes they leave do not decide it. With none older than the trace, nothing says the
+    site was adding before it: two copies are no lead."""
+    keep = [{"filename": "/w/train.py", "line": 128, "name": "maybe_save_best"}, *MAIN]
+    t = Trace(0)
+    weights(t)
+    for k in range(6):
+        backward(t, forward(t, TRAIN_CALL, 128 * MiB))
+        if k in (1, 4):
+            for _ in range(4):  # a state dict: one tensor per weight
+                t.alloc(256 * MiB, keep)
+    forward(t, TRAIN_CALL, 128 * MiB)
+    raw = oom(t, TRAIN_CALL)
+    raw["segments"] += [
+        one_block_segment(0, (7 << 40) + k * (1 << 31), 1024 * MiB, keep) for k in range(older)
+    ]
+    raw["segments"] += [free_segment(0, (9 << 40) + k * (1 << 30), 200 * MiB) for k in range(2)]
+    d, _ = diagnose_snapshot(normalise(raw), message=message(raw))
+    scores = {f["rule"]: f["score"] for f in d.details["findings"]}
+    if lead:
+        assert scores["tensor_leak"] == 0.55 and scores.get("fragmentation", 0) <= 0.55
+        assert any("keeps adding" in e.fact for e in d.evidence)
+        assert d.verdict != "fragmentation"
+    else:
+        assert scores["tensor_leak"] < 0.55
