@@ -1575,7 +1575,9 @@ def _kept_calls(ev: Evidence) -> None:
             in_call=starts == key,
             past_step=sum(1 for c in done if first_index[(key, c)] < last_step),
         )
-        if best is None or kept.bytes > best.bytes:
+        # the line whose calls keep the most blocks: whole forward passes (every layer's saved activations)
+        # rather than a criterion module's one saved tensor a call, however large
+        if best is None or (kept.blocks, kept.bytes) > (best.blocks, best.bytes):
             best = kept
     ev.kept_calls = best
     freed: dict[tuple[Any, Any, Any], int] = {}
