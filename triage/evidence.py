@@ -1380,7 +1380,10 @@ def kept_graphs(ev: Evidence, *, unproven: bool = False) -> tuple[KeptCalls, int
         if ev.reserved_bytes is not None and ev.device_free_bytes is not None
         else ev.limit_bytes
     )
-    if usable is not None and 2 * kc.bytes >= needed and needed - kc.bytes <= usable:
+    # most of it; a quarter when they outlived an optimizer step (their step was over: nothing else
+    # explains them, and their loss's saved tensors, made outside the call, are kept with them)
+    share = ACCUMULATING_SHARE if kc.past_step >= 1 else 0.5
+    if usable is not None and kc.bytes >= share * needed and needed - kc.bytes <= usable:
         return kc, None
     return None
 
