@@ -164,9 +164,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         # peaks, or above them by more than the earlier steps ever varied (a longer batch after steps of
         # one size) — the step is new, and whether it fits at all, packed or not, is not known
         beyond = aligned_step(ev)
-        usable = ev.reserved_bytes + free if ev.reserved_bytes is not None else None
-        if usable is not None and ev.fraction_cap_bytes:
-            usable = min(usable, ev.fraction_cap_bytes)
+        usable = ev.usable_bytes
         if beyond is not None and usable is not None and beyond.predicted > BEYOND_USABLE * usable:
             f.facts.append(
                 f"Set beside the step before it (the same stacks, {beyond.ratio:.1f}x the memory so far), this "

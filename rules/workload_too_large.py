@@ -75,15 +75,8 @@ EARLY_STEPS = 2  # an OOM in the first steps: nothing had time to leak
 
 
 def usable_bytes(ev: Evidence) -> int | None:
-    """What this process could have held at most at the OOM."""
-    usable = None
-    if ev.reserved_bytes is not None and ev.device_free_bytes is not None:
-        usable = ev.reserved_bytes + ev.device_free_bytes
-    elif ev.limit_bytes is not None:
-        usable = ev.limit_bytes - (ev.non_pytorch_bytes or 0)
-    if usable is not None and ev.fraction_cap_bytes:
-        usable = min(usable, ev.fraction_cap_bytes)
-    return usable
+    """What this process could have held at most at the OOM (``Evidence.usable_bytes``)."""
+    return ev.usable_bytes
 
 
 def _completed_steps(ev: Evidence) -> list[tuple[int, int, int]]:

@@ -12,7 +12,7 @@ import functools
 import itertools
 import math
 import re
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -557,6 +557,19 @@ class Evidence:
         if self.reserved_bytes is None or self.allocated_bytes is None:
             return None
         return max(0, self.reserved_bytes - self.allocated_bytes)
+
+    @property
+    def usable_bytes(self) -> int | None:
+        """What this process could have held at most at the OOM: its reservation plus the device's free
+        memory (else its limit less the memory outside PyTorch), capped by a fraction cap."""
+        usable = None
+        if self.reserved_bytes is not None and self.device_free_bytes is not None:
+            usable = self.reserved_bytes + self.device_free_bytes
+        elif self.limit_bytes is not None:
+            usable = self.limit_bytes - (self.non_pytorch_bytes or 0)
+        if usable is not None and self.fraction_cap_bytes:
+            usable = min(usable, self.fraction_cap_bytes)
+        return usable
 
     @property
     def needed_bytes(self) -> int | None:
@@ -1375,11 +1388,7 @@ def kept_graphs(ev: Evidence, *, unproven: bool = False) -> tuple[KeptCalls, int
         return kc, max(peaks)
     # no earlier step was as large as this moment less the kept calls (the call under way is larger, or
     # no step free of kept calls is known): they are most of what it needed, and without them it fitted
-    usable = (
-        ev.reserved_bytes + ev.device_free_bytes
-        if ev.reserved_bytes is not None and ev.device_free_bytes is not None
-        else ev.limit_bytes
-    )
+    usable = ev.usable_bytes
     # most of it; a quarter when they outlived an optimizer step (their step was over: nothing else
     # explains them, and their loss's saved tensors, made outside the call, are kept with them)
     share = ACCUMULATING_SHARE if kc.past_step >= 1 else 0.5
@@ -1613,16 +1622,14 @@ def aligned_step(ev: Evidence) -> AlignedStep | None:
         return None
     call_of = _model_calls(ev, tl)
     end = oom.index
-    key = model_call(ev.classifier, oom.frames) if oom.frames else None
-    last = next((call_of[i] for i in reversed(tl.alloc_indices) if i < end and i in call_of), None)
-    if key is None or (last is not None and last[0] != key):
-        if last is None:
-            return None
-        key, n = last  # the OOM came after the step's forward: the step began with that call
-    else:
-        n = last[1] if last is not None else 1  # the OOM came inside the call under way
-        if last is None or (oom.frames and _call_ended(call_of, tl, last, end)):
-            n += 1 if last is not None else 0
+    allocs = tl.alloc_indices
+    last_i = next((i for i in reversed(allocs) if i < end and i in call_of), None)
+    if last_i is None:
+        return None
+    key, n = call_of[last_i]  # the call the step began with (the OOM came in it, or after it)
+    if oom.frames and model_call(ev.classifier, oom.frames) == key:
+        # the OOM came in a call of the same line: the next one, when anything else was allocated since
+        n += bisect_right(allocs, last_i) < bisect_left(allocs, end)
     if n < 2:
         return None
     begins: dict[CallId, int] = {}
@@ -1632,7 +1639,6 @@ def aligned_step(ev: Evidence) -> AlignedStep | None:
     e0, f0 = begins.get((key, n - 1)), begins.get((key, n), end)
     if e0 is None:
         return None
-    allocs = tl.alloc_indices
     lo, mid, hi = bisect_right(allocs, e0 - 1), bisect_right(allocs, f0 - 1), bisect_right(allocs, end - 1)
     earlier, mine = allocs[lo:mid], allocs[mid:hi]
     m = len(mine)
@@ -1652,9 +1658,8 @@ def aligned_step(ev: Evidence) -> AlignedStep | None:
         return None
     e_start = tl.level_at(e0 - 1) if e0 > 0 else tl.start_allocated
     f_start = tl.level_at(f0 - 1) if f0 > 0 else tl.start_allocated
-    e_grown = (
-        tl.level_at(earlier[m]) - e_start
-    )  # the earlier step, its counterpart of the failing request made
+    # the earlier step, its counterpart of the failing request made
+    e_grown = tl.level_at(earlier[m]) - e_start
     if e_grown <= ALIGN_MIN_GROWTH * max(1, e_start):
         return None
     e_peak = tl.max_level_between(e0, f0)
@@ -1674,13 +1679,6 @@ def aligned_step(ev: Evidence) -> AlignedStep | None:
     )
     ev.aligned = got
     return got
-
-
-def _call_ended(call_of: dict[int, CallId], tl: DeviceTimeline, call: CallId, end: int) -> bool:
-    """Whether an allocation outside ``call`` came after its last one and before ``end`` (the OOM then
-    begins the line's next call)."""
-    last = max(i for i, c in call_of.items() if c == call)
-    return any(i not in call_of or call_of[i] != call for i in tl.alloc_indices if last < i < end)
 
 
 def _optimizer_step(frames: Sequence[Any]) -> bool:
