@@ -29,6 +29,20 @@ MIN_OTHER_BYTES = 1 * GiB
 OWN_CONTEXT = 512 * MiB  # a typical CUDA context of the job itself
 
 
+LEAST_SHARE = 0.25  # of the device: what the others hold at least, whichever line is the job's
+
+
+def _least_other(ev: Evidence) -> int | None:
+    """What the other processes hold at least when the job's own line is not known: it is one of the
+    lines holding at least what PyTorch allocated, so the others hold all but the largest of those."""
+    if ev.allocated_bytes is None:
+        return None
+    could_be_me = [p.used_bytes for p in ev.processes if p.used_bytes >= ev.allocated_bytes]
+    if not could_be_me:
+        return None
+    return sum(p.used_bytes for p in ev.processes) - max(could_be_me)
+
+
 def evaluate(ev: Evidence) -> Finding | None:
     if not ev.is_cuda_oom:
         return None
@@ -41,7 +55,10 @@ def evaluate(ev: Evidence) -> Finding | None:
         names = ", ".join(
             f"pid {p.pid} ({human(p.used_bytes)})" for p in sorted(others, key=lambda p: -p.used_bytes)[:4]
         )
-        f.facts.append(f"Other processes hold {human(other_bytes)} on the GPU: {names}.")
+        if ev.own_process_identified:
+            f.facts.append(f"Other processes hold {human(other_bytes)} on the GPU: {names}.")
+        else:
+            f.facts.append(f"Processes on the GPU, none known to be the job itself: {names}.")
         f.values.update({"other_process_bytes": other_bytes, "processes": [p.pid for p in others]})
         fits_without = other_bytes + free >= req
         if not fits_without:
@@ -53,6 +70,18 @@ def evaluate(ev: Evidence) -> Finding | None:
             )
             if ev.total_bytes and other_bytes < 0.05 * ev.total_bytes:
                 f.score -= 0.2
+        elif (
+            (least := _least_other(ev)) is not None
+            and ev.total_bytes
+            and least >= LEAST_SHARE * ev.total_bytes
+        ):
+            f.facts.append(
+                f"Which line is the job itself is not known, but whichever it is, the others hold at least "
+                f"{human(least)} ({least / ev.total_bytes:.0%} of the GPU): the job's own process holds at least "
+                "the memory PyTorch allocated, so only a line that large can be the job."
+            )
+            f.values["least_other_bytes"] = least
+            f.score = LIKELY if least + free >= req else CANDIDATE
         else:
             f.score = POSSIBLE
             f.missing.append(

@@ -47,7 +47,7 @@ from triage.evidence import LATE_RISES, accumulating_site, kept_graphs, live_und
 from triage.units import GiB, MiB, human
 
 if TYPE_CHECKING:
-    from triage.evidence import Evidence, StepTrend, Survivors
+    from triage.evidence import Evidence, StepSample, StepTrend, Survivors
     from triage.snapshot.sites import SiteStats
 
 ID = "tensor_leak"
@@ -148,6 +148,23 @@ def _steps_since_last(ev: Evidence, leak: Survivors) -> int:
     span = len(trace_cycles(tl.levels[first : last + 1], min_cycles=1))
     pace = max(1.0, span / max(1, leak.cycles))  # steps between two survivors
     return after if after >= max(STOPPED_STEPS, 3 * pace) else 0
+
+
+def _after_the_steps(ev: Evidence, leak: Survivors) -> StepSample | None:
+    """The last step the collector sampled, when every one of the site's surviving blocks was made after
+    it: they piled up in a loop that ran no optimizer step (an evaluation or inference loop), so the flat
+    steps before it say nothing about them. Read off the trace's clock (epoch µs, as the samples'), only
+    when the sample falls inside the trace's span: a clock that does not match decides nothing."""
+    if not ev.steps or leak.stats.first_time_us is None:
+        return None
+    last = ev.steps[-1]
+    tl = ev.oom_timeline
+    if last.time_us is None or tl is None or not tl.raw:
+        return None
+    start, end = tl.raw[0].get("time_us"), tl.raw[-1].get("time_us")
+    if not isinstance(start, int) or not isinstance(end, int) or not start <= last.time_us <= end:
+        return None
+    return last if leak.stats.first_time_us > last.time_us else None
 
 
 def _turned_over(ev: Evidence, leak: Survivors) -> tuple[int, int, int] | None:
@@ -404,6 +421,12 @@ def evaluate(ev: Evidence) -> Finding | None:
             f.score = min(f.score, LEAD)
         elif trend_growing or (steady and f.score >= STRONG):
             f.score = 0.95
+        elif trend_flat and not steady and (last := _after_the_steps(ev, leak)) is not None:
+            f.facts.append(
+                f"All of them were made after the last optimizer step the collector sampled (step {last.step}): "
+                "they piled up in a loop that runs no optimizer step (an evaluation or inference loop), "
+                "which the flat steps before it do not cover."
+            )
         elif trend_flat and not steady:
             f.score = min(f.score, BOUNDED)
         elif trend is None and (churn := _turned_over(ev, leak)):

@@ -30,6 +30,11 @@ if TYPE_CHECKING:
     from triage.messages import OomMessage
 
 _RE_MIG_PROFILE = re.compile(r"\bMIG[ -]?(\d{1,2}g\.\d{1,3}gb(?:\+me)?)\b", re.IGNORECASE)
+# an NVIDIA product name that states its memory, as torch.cuda.get_device_name() or nvidia-smi print it
+# ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "Tesla V100-SXM2-32GB")
+_RE_PRODUCT_NAME = re.compile(
+    r"\b(?:NVIDIA|Tesla)[ -][A-Z]{1,2}\d{2,3}[\w-]{0,24}?[ -]\d{2,3}GB(?: HBM\d[e]?)?\b"
+)
 # Senders of SIGKILL (exit code 137) other than the OOM killer: a time limit, a failed liveness probe, a
 # preemption, an eviction for disk, a launcher's teardown. Kubernetes reports a memory kill as
 # ``OOMKilled``; ``Reason: Error`` beside exit code 137 is another sender.
@@ -145,6 +150,7 @@ class StepSample:
     allocated_bytes: int
     peak_allocated_bytes: int
     batch_size: int | None
+    time_us: int | None = None  # when it was taken (epoch µs, the clock of the trace's entries)
 
 
 def _step_samples(samples: Sequence[Any]) -> list[StepSample]:
@@ -157,7 +163,11 @@ def _step_samples(samples: Sequence[Any]) -> list[StepSample]:
             continue
         step = _int(s.get("step"))
         peak = _int(s.get("peak_allocated_bytes")) or a
-        out.append(StepSample(step if step is not None else i, a, peak, _int(s.get("batch_size"))))
+        out.append(
+            StepSample(
+                step if step is not None else i, a, peak, _int(s.get("batch_size")), _int(s.get("time_us"))
+            )
+        )
     out.sort(key=lambda x: x.step)
     return out
 
@@ -400,6 +410,7 @@ class Evidence:
     declared_total_bytes: int | None = None
     mig_profile: str | None = None
     log_mig_profile: str | None = None  # the one MIG profile the log text names (nvidia-smi, a device print)
+    log_device_name: str = ""  # the one GPU product (by memory size) the log text names
     fraction_cap_bytes: int | None = None
     fraction_rejected: bool = False
     vgpu_limit_bytes: int | None = None
@@ -431,6 +442,7 @@ class Evidence:
     # calls of one model line in the trace freed since, the most of any line (None: no call seen)
     freed_calls: int | None = None
     calls_by_device: dict[int, dict[int, CallId]] = field(default_factory=dict, repr=False)
+    calls_order_by_device: dict[int, list[int]] = field(default_factory=dict, repr=False)
     under_calls: dict[tuple[Any, Any, Any], tuple[int, int]] | None = field(default=None, repr=False)
     aligned: AlignedStep | bool | None = field(default=False, repr=False)  # False: not worked out yet
     oom_entry: TraceEntry | None = None
@@ -647,6 +659,9 @@ def build_evidence(
         profiles = {p.lower() for t in texts for p in _RE_MIG_PROFILE.findall(t)}
         if len(profiles) == 1:  # several different slices listed (nvidia-smi -L of the node): not decided
             ev.log_mig_profile = profiles.pop()
+        names = {n for t in texts for n in _RE_PRODUCT_NAME.findall(t)}
+        if len({_named_bytes(n) for n in names}) == 1:  # products of several sizes named: not decided
+            ev.log_device_name = sorted(names)[0]
         from triage.messages import parse_messages
 
         seen: set[str] = set()
@@ -784,6 +799,9 @@ def _device(ev: Evidence) -> None:
     if ev.mig_profile is None and ev.log_mig_profile and not ev.device_name:
         ev.mig_profile = ev.log_mig_profile
         ev.notes.append(f"The log names the device as a MIG slice ({ev.log_mig_profile}).")
+    if not ev.device_name and ev.log_device_name:
+        ev.device_name = ev.log_device_name
+        ev.notes.append(f"The log names the device: {ev.log_device_name}.")
     if m is not None and m.format == "nvml-assert" and ev.mig_profile is None and "MIG" in m.text:
         ev.mig_profile = "unknown"
     cap = _int(_get(b, "allocator", "fraction_cap_bytes"))
@@ -1314,7 +1332,8 @@ def _survivors(ev: Evidence) -> None:
             for a, c in itertools.pairwise(firsts)
             # two calls' first survivors sit at the same point of their forward passes: memory that rose
             # and came back down between them is a forward and a backward that came and went
-            if (call_of.get(a) is None or call_of.get(a) != call_of.get(c)) and _is_cycle(tl, a, c, swing)
+            if (call_of.get(a) is None or call_of.get(a) != call_of.get(c))
+            and (_is_cycle(tl, a, c, swing) or _call_between(tl, call_of, ev, a, c))
         )
         freed = max(0, st.allocs_in_trace - st.traced)
         after = 0
@@ -1448,6 +1467,28 @@ def live_under_calls(ev: Evidence) -> dict[tuple[Any, Any, Any], tuple[int, int]
                         out[c] = (size + b.size, requested + b.requested_size)
     ev.under_calls = out
     return out
+
+
+def _call_between(tl: DeviceTimeline, call_of: dict[int, CallId], ev: Evidence, a: int, c: int) -> bool:
+    """Whether a whole call of the model came and went between two blocks made outside it, at entries a
+    and c: an evaluation or inference loop run without gradients, whose forward passes free what they
+    allocate as they go, swings by one layer's temporaries, far less than a training step, but each of its
+    iterations is one call of the model. The call began after ``a``, ended before ``c``, and gave back
+    what it allocated: far more came and went in between than the block at ``a`` (4x), and live memory
+    grew by no more than a quarter of that block (a training step that keeps its graph keeps more)."""
+    if call_of.get(a) is not None or call_of.get(c) is not None or c - a < 3:
+        return False
+    order = ev.calls_order_by_device.get(tl.device)
+    if order is None:
+        order = ev.calls_order_by_device[tl.device] = sorted(call_of)
+    j = bisect_right(order, a)
+    if j >= len(order) or order[j] >= c:
+        return False  # no allocation of the model between them
+    # a call that began after ``a`` ended before ``c`` (made outside it); it gave back what it allocated
+    size = tl.raw[a].get("size", 0)
+    size = size if isinstance(size, int) and size > 0 else 1
+    net = tl.level_at(c - 1) - tl.level_at(a)
+    return net <= 0.25 * size and tl.volumes[c - 1] - tl.volumes[a] >= 4 * size
 
 
 def _model_calls(ev: Evidence, tl: DeviceTimeline) -> dict[int, CallId]:

@@ -515,3 +515,32 @@ def test_a_step_far_above_every_earlier_one_at_the_same_batch_is_not_proved_too_
     assert f is not None
     assert (f.score >= LIKELY) is decides
     assert any("with the same batch size" in s for s in f.facts) is not decides
+
+
+TWO_LINES = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of "
+    "79.15 GiB of which 6.75 MiB is free. Process 2201 has {a} memory in use. Process 2210 has {b} memory in "
+    "use. Of the allocated memory 36.84 GiB is allocated by PyTorch, and 3"
+)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "verdict"),
+    [
+        (
+            "41.22 GiB",
+            "37.91 GiB",
+            "other_process",
+        ),  # either line may be the job: the other holds >= 37.9 GiB
+        ("37.50 GiB", "12.00 GiB", "inconclusive"),  # only the first can be the job; 12 GiB is 15% of the GPU
+    ],
+)
+def test_two_process_lines_and_no_way_to_tell_which_is_the_job(a: str, b: str, verdict: str) -> None:
+    """A message cut before its reservation figure, in a container (pids, no "this process"): the job's
+    own line holds at least what PyTorch allocated, so the others hold at least all but the largest such
+    line. A quarter of the GPU or more, whichever line is the job, is a neighbour that mattered."""
+    from triage.pipeline import diagnose_text
+
+    d, _ = diagnose_text(TWO_LINES.format(a=a, b=b))
+    assert d.verdict == verdict, d.headline
+    assert "other_process" in d.candidates

@@ -89,3 +89,56 @@ def test_a_vgpu_share_of_a_bigger_gpu_is_the_platform_s(
         assert any("of the device's 80.0 GiB" in e.fact for e in d.evidence)
     else:
         assert d.verdict != "gpu_quota"
+
+
+MSG_22 = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total capacity of "
+    "{total} of which 186.00 MiB is free. Including non-PyTorch memory, this process has {used} memory in use. "
+    "Of the allocated memory {alloc} is allocated by PyTorch, and 372.00 MiB is reserved by PyTorch but "
+    "unallocated."
+)
+
+
+def _log(device_lines: list[str], total: str, used: str, alloc: str) -> str:
+    return "\n".join(
+        [
+            *device_lines,
+            "step 200 loss 0.71",
+            "Traceback (most recent call last):",
+            MSG_22.format(total=total, used=used, alloc=alloc),
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    "device_line",
+    ["device: NVIDIA A100-SXM4-80GB, torch 2.3.0+cu121", "Using GPU: NVIDIA H100 80GB HBM3 (count=1)"],
+)
+def test_a_log_naming_a_bigger_gpu_than_the_capacity_torch_saw_is_a_vgpu_share(device_line: str) -> None:
+    """From the text alone: the job printed its device's product name, and torch's message gives a total
+    capacity a quarter of it. Only a layer hooking ``cuMemGetInfo`` (or a slice) shows a device that way."""
+    from triage.pipeline import diagnose_text
+
+    d, ev = diagnose_text(_log([device_line], "20.00 GiB", "19.81 GiB", "18.92 GiB"))
+    assert ev.device_name == device_line.split(": ", 1)[1].split(",")[0].split(" (")[0]
+    assert ev.vgpu_limit_bytes == 20 * GiB
+    assert d.verdict == "gpu_quota", d.headline
+
+
+def test_a_log_naming_the_gpu_it_really_has_decides_nothing() -> None:
+    from triage.pipeline import diagnose_text
+
+    d, ev = diagnose_text(_log(["device: NVIDIA A100-SXM4-80GB"], "79.15 GiB", "78.90 GiB", "77.80 GiB"))
+    assert ev.vgpu_limit_bytes is None
+    assert d.verdict == "inconclusive" and "gpu_quota" not in d.candidates
+
+
+def test_a_log_naming_gpus_of_two_sizes_names_no_device() -> None:
+    """``nvidia-smi -L`` of a mixed node, or a message about another machine: which one this rank ran on
+    is not in the text."""
+    from triage.pipeline import diagnose_text
+
+    lines = ["GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-1)", "GPU 1: NVIDIA A100-PCIE-40GB (UUID: GPU-2)"]
+    d, ev = diagnose_text(_log(lines, "20.00 GiB", "19.81 GiB", "18.92 GiB"))
+    assert ev.device_name == "" and ev.vgpu_limit_bytes is None
+    assert d.verdict != "gpu_quota"
