@@ -34,7 +34,7 @@ from rules.base import (
     UNLIKE_EARLIER,
     Finding,
 )
-from triage.evidence import TRACE_MIN_CYCLES, accumulating_site, aligned_step
+from triage.evidence import TRACE_MIN_CYCLES, accumulating_site, aligned_step, turning_window
 from triage.units import human
 
 if TYPE_CHECKING:
@@ -106,7 +106,13 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.score = POSSIBLE - 0.05
     trend = ev.trend
     growing = trend is not None and (trend.rising_fraction >= 0.7 or trend.never_falls)
-    if trend is not None and growing and trend.steps >= 3 and not trend.plateaued:
+    if (
+        trend is not None
+        and growing
+        and trend.steps >= 3
+        and not trend.plateaued
+        and turning_window(ev) is None
+    ):
         f.facts.append(
             "Live memory grew step after step: the holes are a symptom of the growth, not its cause."
         )

@@ -43,7 +43,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rules.base import CANDIDATE, LEAD, LIKELY, STRONG, Finding
-from triage.evidence import LATE_RISES, accumulating_site, kept_graphs, live_under_calls, trace_cycles
+from triage.evidence import (
+    LATE_RISES,
+    accumulating_site,
+    kept_graphs,
+    live_under_calls,
+    trace_cycles,
+    turning_window,
+)
 from triage.units import GiB, MiB, human
 
 if TYPE_CHECKING:
@@ -419,6 +426,20 @@ def evaluate(ev: Evidence) -> Finding | None:
                 "passes within its first steps, not a leak over many."
             )
             f.score = min(f.score, LEAD)
+        elif leak is turning_window(ev) and leak.replacing is not None:
+            (filename, line, name), n, k = leak.replacing
+            where = f"{str(filename).rsplit('/', 1)[-1]}:{line} in {name}"
+            f.facts.append(
+                f"But as its blocks came in, blocks older than the trace were freed at {where}, one for one "
+                f"({n} of its last {k + 1}): a window that turns over (a deque with maxlen, a list trimmed from "
+                "the front), not a pile that grows"
+                + (", and live memory per step stopped growing when it began." if trend_growing else ".")
+            )
+            if trend is None:
+                f.missing.append(
+                    "live memory per step (the collector's step samples): a window levels off, a leak does not"
+                )
+            f.score = min(f.score, BOUNDED)
         elif trend_growing or (steady and f.score >= STRONG):
             f.score = 0.95
         elif trend_flat and not steady and (last := _after_the_steps(ev, leak)) is not None:

@@ -263,6 +263,9 @@ class Survivors:
     freed_at_site: int  # allocations at this site in the trace that were freed again
     freed_after_first: int = 0  # of those, made after the site's first survivor (interleaved, not evicted)
     evicted_meanwhile: bool = True  # an older one was freed after the first survivor was made (eviction)
+    # (line, blocks freed, steps) of blocks older than the trace freed one for one as the site's came in,
+    # over the site's last ``steps`` gaps (a window that turns over: ``deque(maxlen=N)``), or None
+    replacing: tuple[tuple[Any, Any, Any], int, int] | None = None
 
     @property
     def accumulating(self) -> bool:
@@ -1306,6 +1309,7 @@ def _survivors(ev: Evidence) -> None:
     by_dev = {t.device: t for t in ev.timelines}
     by_site: dict[tuple[int, Site], list[int]] = {}
     swings: dict[int, int] = {}
+    olders: dict[int, dict[tuple[Any, Any, Any], list[tuple[int, int]]]] = {}
     for st in ev.sites:
         if st.traced < 3 or st.site.kind in ("native", "unknown"):
             continue  # blocks without a stack are not one site: their survival proves nothing together
@@ -1345,6 +1349,11 @@ def _survivors(ev: Evidence) -> None:
         sv = Survivors(st, cycles, len(idx) - 1, freed, after)
         if sv.evicted_like_a_cache:
             sv.evicted_meanwhile = _freed_after(tl, by_site.get((dev, st.site), []), idx[0])
+        if freed == 0 and st.count > st.traced and len(firsts) >= 3:
+            older = olders.get(dev)
+            if older is None:
+                older = olders[dev] = _older_frees(ev, tl)
+            sv.replacing = _replacing(tl, firsts, older)
         ev.survivors.append(sv)
     ev.survivors.sort(key=lambda s: (-s.cycles, -s.stats.bytes))
 
@@ -1365,6 +1374,27 @@ def accumulating_site(ev: Evidence) -> Survivors | None:
         and s.stats.bytes >= ACCUMULATING_SHARE * ev.allocated_bytes
     ]
     return max(grown, key=lambda s: s.stats.bytes) if grown else None
+
+
+WINDOW_GROWTH = 0.3  # of the earlier pace: growth per step since a window began turning over, at most
+
+
+def turning_window(ev: Evidence) -> Survivors | None:
+    """The survivor site whose blocks replace blocks older than the trace, one for one
+    (``Survivors.replacing``), and, when the collector sampled the steps, since which live memory stopped
+    growing: its steps since the first replaced block grew by under ``WINDOW_GROWTH`` of the pace before.
+    A window that filled (the steps grew) and turns over (they stopped): bounded, not a leak."""
+    for sv in ev.survivors:
+        if sv.replacing is None:
+            continue
+        k = sv.replacing[2]
+        trend = ev.trend
+        if trend is None or not ev.steps or len(ev.steps) <= k:
+            return sv
+        since = ev.steps[-1].allocated_bytes - ev.steps[-(k + 1)].allocated_bytes
+        if since <= WINDOW_GROWTH * max(trend.slope_bytes_per_step, 0) * k:
+            return sv
+    return None
 
 
 def kept_graphs(ev: Evidence, *, unproven: bool = False) -> tuple[KeptCalls, int | None] | None:
@@ -1467,6 +1497,71 @@ def live_under_calls(ev: Evidence) -> dict[tuple[Any, Any, Any], tuple[int, int]
                         out[c] = (size + b.size, requested + b.requested_size)
     ev.under_calls = out
     return out
+
+
+def _older_frees(ev: Evidence, tl: DeviceTimeline) -> dict[tuple[Any, Any, Any], list[tuple[int, int]]]:
+    """Blocks allocated before the trace began and freed in it, by the user line that freed them (the
+    innermost user frame of the free's stack): (entry index, size) each. A tensor dies where its last
+    reference goes: the line that drops it from a list or a ``deque(maxlen=N)`` that pushes it out."""
+    action = (
+        "free_requested" if any(e.get("action") == "free_requested" for e in tl.raw) else "free_completed"
+    )
+    made: set[Any] = set()
+    key_of: dict[int, tuple[Any, Any, Any] | None] = {}
+    out: dict[tuple[Any, Any, Any], list[tuple[int, int]]] = {}
+    for i, e in enumerate(tl.raw):
+        a = e.get("action")
+        if a == "alloc":
+            made.add(e.get("addr"))
+        elif a == action:
+            addr = e.get("addr")
+            if addr in made:
+                made.discard(addr)
+                continue
+            frames = e.get("frames")
+            if not frames:
+                continue
+            key = key_of.get(id(frames), ())
+            if key == ():
+                key = key_of[id(frames)] = next(
+                    (frame_key(f) for f in frames if isinstance(f, dict) and ev.classifier.classify(f)[1]),
+                    None,
+                )
+            size = e.get("size", 0)
+            if key is not None and isinstance(size, int):
+                out.setdefault(key, []).append((i, size))
+    return out
+
+
+REPLACED_SHARE = 0.6  # of the gaps between a site's blocks: one older block freed in each, at least
+TURNOVER_SHARE = 0.9  # of the gaps since the first one freed: a full window turning over, step after step
+
+
+def _replacing(
+    tl: DeviceTimeline, firsts: list[int], older: dict[tuple[Any, Any, Any], list[tuple[int, int]]]
+) -> tuple[tuple[Any, Any, Any], int, int] | None:
+    """(line, blocks freed, gaps since the first) for the line that freed blocks older than the trace at
+    the pace the site made its own — one in most gaps between two of its blocks, or in nearly every gap
+    since the first was freed (a window that filled, then turned over), never more than two — and as many
+    bytes as the site made meanwhile, give or take 3x: the site's blocks replace older ones."""
+    gaps = list(itertools.pairwise(firsts))
+    for key, frees in older.items():
+        at = [i for i, _ in frees]
+        per_gap = [bisect_left(at, c) - bisect_right(at, a) for a, c in gaps]
+        if max(per_gap) > 2:
+            continue
+        start = 0
+        if sum(1 for n in per_gap if n) < REPLACED_SHARE * len(gaps):
+            start = next((j for j, n in enumerate(per_gap) if n), len(per_gap))
+            tail = per_gap[start:]
+            if len(tail) < 3 or sum(1 for n in tail if n) < TURNOVER_SHARE * len(tail):
+                continue
+        tail = per_gap[start:]
+        made = sum(s for i in firsts[start + 1 :] if isinstance(s := tl.raw[i].get("size", 0), int))
+        freed = sum(sz for i, sz in frees if firsts[start] <= i <= firsts[-1])
+        if made / 3 <= freed <= 3 * made:
+            return key, sum(1 for n in tail if n), len(tail)
+    return None
 
 
 def _call_between(tl: DeviceTimeline, call_of: dict[int, CallId], ev: Evidence, a: int, c: int) -> bool:

@@ -142,3 +142,17 @@ def test_a_log_naming_gpus_of_two_sizes_names_no_device() -> None:
     d, ev = diagnose_text(_log(lines, "20.00 GiB", "19.81 GiB", "18.92 GiB"))
     assert ev.device_name == "" and ev.vgpu_limit_bytes is None
     assert d.verdict != "gpu_quota"
+
+
+def test_a_vgpu_limit_over_a_gpu_of_unknown_size_leaves_the_platform_and_the_job_open() -> None:
+    """HAMi's line says the job hit its share; torch sees the share as the whole device. Whether the share
+    is what the job asked for is not in the text: the slice-sized question, for a vGPU."""
+    from triage.pipeline import diagnose_text
+
+    hami = "[HAMI-core ERROR (pid:1 thread=139872563422016 allocator.c:52)]: Device 0 OOM 16322134016 / 16106127360"
+    d, ev = diagnose_text(_log([hami], "15.00 GiB", "13.25 GiB", "12.48 GiB"))
+    assert ev.vgpu_limit_bytes == 16106127360 and ev.named_total_bytes is None
+    assert d.verdict == "inconclusive", d.headline
+    assert {"gpu_quota", "workload_too_large"} <= set(d.candidates)
+    d, _ = diagnose_text(_log([hami, "device: NVIDIA A100-SXM4-80GB"], "15.00 GiB", "13.25 GiB", "12.48 GiB"))
+    assert d.verdict == "gpu_quota", d.headline
