@@ -1521,12 +1521,13 @@ def _older_frees(ev: Evidence, tl: DeviceTimeline) -> dict[tuple[Any, Any, Any],
             frames = e.get("frames")
             if not frames:
                 continue
-            key = key_of.get(id(frames), ())
-            if key == ():
-                key = key_of[id(frames)] = next(
+            fid = id(frames)
+            if fid not in key_of:
+                key_of[fid] = next(
                     (frame_key(f) for f in frames if isinstance(f, dict) and ev.classifier.classify(f)[1]),
                     None,
                 )
+            key = key_of[fid]
             size = e.get("size", 0)
             if key is not None and isinstance(size, int):
                 out.setdefault(key, []).append((i, size))
