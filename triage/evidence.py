@@ -1738,6 +1738,7 @@ def _kept_calls(ev: Evidence) -> None:
 
 
 ALIGN_MIN_GROWTH = 0.01  # of the live memory: an earlier call that grew less than this aligns nothing
+ALIGN_MAX_EXTRA = 2  # allocations the failing step may make that the earlier did not (or a tenth of its)
 
 
 def aligned_step(ev: Evidence) -> AlignedStep | None:
@@ -1778,20 +1779,25 @@ def aligned_step(ev: Evidence) -> AlignedStep | None:
         return None
     lo, mid, hi = bisect_right(allocs, e0 - 1), bisect_right(allocs, f0 - 1), bisect_right(allocs, end - 1)
     earlier, mine = allocs[lo:mid], allocs[mid:hi]
-    m = len(mine)
-    if len(earlier) <= m:
-        return None
     raw = tl.raw
 
     def stack(frames: Any) -> tuple[Any, ...]:
         return tuple((f.get("filename"), f.get("line")) for f in frames or [] if isinstance(f, dict))
 
-    if stack(raw[earlier[m]].get("frames")) != stack(oom.frames):
+    # allocation by allocation; a few the failing step made and the earlier did not (a cache's miss: a mask
+    # for a length not seen before) are taken as they are, not scaled
+    m = extra = 0
+    inserted = 0
+    for b in mine:
+        if m < len(earlier) and stack(raw[earlier[m]].get("frames")) == stack(raw[b].get("frames")):
+            m += 1
+            continue
+        size = raw[b].get("size", 0)
+        extra += size if isinstance(size, int) else 0
+        inserted += 1
+    if inserted > max(ALIGN_MAX_EXTRA, len(mine) // 10) or len(earlier) <= m:
         return None
-    if any(
-        stack(raw[a].get("frames")) != stack(raw[b].get("frames"))
-        for a, b in zip(earlier[:m], mine, strict=True)
-    ):
+    if stack(raw[earlier[m]].get("frames")) != stack(oom.frames):
         return None
     e_start = tl.level_at(e0 - 1) if e0 > 0 else tl.start_allocated
     f_start = tl.level_at(f0 - 1) if f0 > 0 else tl.start_allocated
@@ -1803,7 +1809,7 @@ def aligned_step(ev: Evidence) -> AlignedStep | None:
     # the earlier step ended before the failing call began: its growth came back down
     if tl.min_level_between(earlier[-1], f0) - e_start > 0.5 * (e_peak - e_start):
         return None
-    ratio = (needed - f_start) / e_grown
+    ratio = (needed - extra - f_start) / e_grown
     if ratio <= 0:
         return None
     got = AlignedStep(
@@ -1812,7 +1818,7 @@ def aligned_step(ev: Evidence) -> AlignedStep | None:
         ratio=ratio,
         earlier_peak=e_peak,
         start=f_start,
-        predicted=f_start + round(ratio * (e_peak - e_start)),
+        predicted=f_start + extra + round(ratio * (e_peak - e_start)),
     )
     ev.aligned = got
     return got

@@ -22,7 +22,7 @@ from triage.pipeline import diagnose_snapshot
 from triage.snapshot.loader import normalise
 
 
-def longer_input(*, holes: int, layers_done: int = 4) -> dict[str, Any]:
+def longer_input(*, holes: int, layers_done: int = 4, misses: int = 0) -> dict[str, Any]:
     """Six steps whose forward saves 8 activations of 128 MiB; then one whose tensors are four times
     the size (a sequence twice as long through attention), failing at its next saved activation (512 MiB)
     after ``layers_done`` layers. ``holes`` free segments of 380 MiB are cached beside it."""
@@ -31,7 +31,9 @@ def longer_input(*, holes: int, layers_done: int = 4) -> dict[str, Any]:
     for _ in range(6):
         backward(t, forward(t, TRAIN_CALL, 128 * MiB))
     t.alloc(16 * MiB, data(TRAIN_CALL))
-    for _ in range(layers_done):
+    for k in range(layers_done):
+        if k < misses:
+            t.alloc(40 * MiB, under(TRAIN_CALL, 33))  # a cache's miss: a mask for a length not seen before
         t.alloc(512 * MiB, under(TRAIN_CALL, 30))
         t.free(t.alloc(1024 * MiB, under(TRAIN_CALL, 34)))
     oom = {
@@ -93,6 +95,24 @@ def test_a_step_that_could_not_fit_packed_is_too_large_not_fragmented(holes: int
         assert a.predicted <= 1.05 * ev.reserved_bytes
         assert d.verdict == "inconclusive", d.headline
         assert scores["workload_too_large"] <= 0.55
+
+
+@pytest.mark.parametrize(("misses", "aligned"), [(1, True), (2, True), (3, False)])
+def test_a_few_allocations_the_earlier_step_did_not_make_are_taken_as_they_are(
+    misses: int, aligned: bool
+) -> None:
+    """The failing step also filled a cache the earlier steps hit (a mask of 40 MiB for a new length):
+    those blocks are counted as they are, not scaled with the step's tensors; the rest still aligns, and
+    the prediction is the same four times the earlier step's growth, plus the masks. More than a couple of
+    such allocations (and more than a tenth of the step's) is another path through the model."""
+    _, ev = diagnose_snapshot(normalise(longer_input(holes=2, misses=misses)))
+    a = aligned_step(ev)
+    if not aligned:
+        assert a is None
+        return
+    assert a is not None and a.position == 2 * 4
+    assert a.ratio == pytest.approx(4.0)
+    assert a.predicted - a.start == 4 * (8 * 128 + 256) * MiB + misses * 40 * MiB
 
 
 def test_a_different_path_through_the_model_is_not_aligned() -> None:
