@@ -75,3 +75,27 @@ class Trace:
 
     def segments(self) -> list[dict[str, Any]]:
         return [one_block_segment(self.device, a, size, fr) for a, (size, fr) in self.live.items()]
+
+
+def bundle(
+    raw: dict[str, Any], *, step: int, timeline: list[dict[str, Any]], batch_size: int = 64
+) -> dict[str, Any]:
+    """A collector bundle around ``raw``: the job (pid 7) alone on an A10 sized to what the snapshot holds
+    plus its CUDA context, nearly full, with its per-step samples."""
+    held = sum(seg["allocated_size"] for seg in raw["segments"])
+    return {
+        "schema": "oom-triage/incident@1",
+        "incident_id": "00000000-0000-0000-0000-00000000b0f1",
+        "occurred_at": "2026-11-30T12:00:00Z",
+        "kind": "cuda_oom",
+        "workload": {"step": step, "batch_size": batch_size, "pid": 7, "pids": [7]},
+        "device": {
+            "index": 0,
+            "name": "NVIDIA A10",
+            "total_bytes": held + 600 * MiB,
+            "free_bytes": 100 * MiB,
+            "processes": [{"pid": 7, "used_bytes": held + 500 * MiB, "name": "python"}],
+        },
+        "timeline": timeline,
+        "snapshot": raw,
+    }

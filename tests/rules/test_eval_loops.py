@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.rules.rawsnap import MiB, Trace
+from tests.rules.rawsnap import MiB, Trace, bundle
 from tests.rules.test_kept_calls import TRAIN_CALL, backward, data, forward, line, under, weights
 from triage.pipeline import diagnose_bundle
 
@@ -86,23 +86,8 @@ def incident(
         }
         for k, end in enumerate(ends)
     ]
-    held = sum(seg["allocated_size"] for seg in t.segments())
-    return {
-        "schema": "oom-triage/incident@1",
-        "incident_id": "00000000-0000-0000-0000-0000000e7a10",
-        "occurred_at": "2026-11-30T12:00:00Z",
-        "kind": "cuda_oom",
-        "workload": {"step": steps, "batch_size": 8, "pid": 7, "pids": [7]},
-        "device": {
-            "index": 0,
-            "name": "NVIDIA A10",
-            "total_bytes": held + 600 * MiB,
-            "free_bytes": 20 * MiB,
-            "processes": [{"pid": 7, "used_bytes": held + 500 * MiB, "name": "python"}],
-        },
-        "timeline": timeline,
-        "snapshot": {"segments": t.segments(), "device_traces": [t.entries]},
-    }
+    raw = {"segments": t.segments(), "device_traces": [t.entries]}
+    return bundle(raw, step=steps, timeline=timeline, batch_size=8)
 
 
 def test_outputs_kept_by_a_no_grad_loop_after_the_last_step_are_a_leak_at_the_keeping_line() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.rules.rawsnap import MiB, Trace
+from tests.rules.rawsnap import MiB, Trace, bundle
 from triage.evidence import kept_graphs
 from triage.pipeline import diagnose_snapshot
 from triage.snapshot.loader import normalise
@@ -289,26 +289,9 @@ def test_the_steps_prove_the_leak_and_the_kept_calls_name_it() -> None:
         }
         for k in range(updates)
     ]
-    held = sum(seg["allocated_size"] for seg in raw["segments"])
-    bundle = {
-        "schema": "oom-triage/incident@1",
-        "incident_id": "00000000-0000-0000-0000-00000000b0f1",
-        "occurred_at": "2026-11-29T12:00:00Z",
-        "kind": "cuda_oom",
-        "workload": {"step": updates, "batch_size": 64, "pid": 7, "pids": [7]},
-        "device": {
-            "index": 0,
-            "name": "NVIDIA A10",
-            "total_bytes": held + 600 * MiB,
-            "free_bytes": 100 * MiB,
-            "processes": [{"pid": 7, "used_bytes": held + 500 * MiB, "name": "python"}],
-        },
-        "timeline": timeline,
-        "snapshot": raw,
-    }
     from triage.pipeline import diagnose_bundle
 
-    d, ev = diagnose_bundle(bundle)
+    d, ev = diagnose_bundle(bundle(raw, step=updates, timeline=timeline))
     assert ev.trend is not None and not any(s.cycles >= 3 for s in ev.survivors)
     assert d.verdict == "tensor_leak" and d.leak_site == ROLL_CALL, d.headline
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from tests.rules.rawsnap import ACT, KEEP, MiB, Trace
+from tests.rules.rawsnap import ACT, KEEP, MiB, Trace, bundle
 from triage.evidence import turning_window
 from triage.pipeline import diagnose_bundle, diagnose_snapshot
 from triage.snapshot.loader import normalise
@@ -72,26 +72,11 @@ def test_older_blocks_freed_all_at_once_by_another_line_do_not_bound_the_site() 
 
 
 def _bundle(raw: dict[str, Any], levels: list[int]) -> dict[str, Any]:
-    held = sum(seg["allocated_size"] for seg in raw["segments"])
-    return {
-        "schema": "oom-triage/incident@1",
-        "incident_id": "00000000-0000-0000-0000-00000000f1f0",
-        "occurred_at": "2026-11-30T12:00:00Z",
-        "kind": "cuda_oom",
-        "workload": {"step": len(levels), "batch_size": 8, "pid": 7, "pids": [7]},
-        "device": {
-            "index": 0,
-            "name": "NVIDIA A10",
-            "total_bytes": held + 600 * MiB,
-            "free_bytes": 20 * MiB,
-            "processes": [{"pid": 7, "used_bytes": held + 500 * MiB, "name": "python"}],
-        },
-        "timeline": [
-            {"step": k, "allocated_bytes": v, "peak_allocated_bytes": v + 1024 * MiB}
-            for k, v in enumerate(levels)
-        ],
-        "snapshot": raw,
-    }
+    timeline = [
+        {"step": k, "allocated_bytes": v, "peak_allocated_bytes": v + 1024 * MiB}
+        for k, v in enumerate(levels)
+    ]
+    return bundle(raw, step=len(levels), timeline=timeline, batch_size=8)
 
 
 def test_steps_that_stopped_growing_when_the_window_filled_agree() -> None:
