@@ -181,10 +181,11 @@ def _beyond(ev: Evidence, usable: int | None) -> str | None:
     a = aligned_step(ev)
     if a is None or usable is None or a.predicted <= BEYOND_USABLE * usable:
         return None
+    besides = f", besides {a.extra} it made that the earlier did not" if a.extra else ""
     return (
-        f"Set beside the step before it (the same stacks, allocation by allocation, {a.ratio:.1f}x the memory "
-        f"so far: a longer input or a larger batch), this step would have needed {human(a.predicted)} at "
-        f"its peak, more than the {human(usable)} the job could hold: it does not fit, packed or not."
+        f"Set beside the step before it (the same stacks, allocation by allocation{besides}, {a.ratio:.1f}x the "
+        f"memory so far: a longer input or a larger batch), this step would have needed {human(a.predicted)} "
+        f"at its peak, more than the {human(usable)} the job could hold: it does not fit, packed or not."
     )
 
 

@@ -334,6 +334,7 @@ class AlignedStep:
     earlier_peak: int  # the earlier step's peak, bytes
     start: int  # live memory as the failing call began
     predicted: int  # what the failing step would have needed at its peak
+    extra: int = 0  # allocations of the failing call the earlier one did not make (counted as they are)
 
 
 def _trend(samples: Sequence[Any]) -> StepTrend | None:
@@ -1819,6 +1820,7 @@ def aligned_step(ev: Evidence) -> AlignedStep | None:
         earlier_peak=e_peak,
         start=f_start,
         predicted=f_start + extra + round(ratio * (e_peak - e_start)),
+        extra=inserted,
     )
     ev.aligned = got
     return got
