@@ -248,15 +248,25 @@ def _stranded(ev: Evidence, needed: int | None, usable: int | None) -> str | Non
     live blocks keep from being released."""
     req = ev.request_bytes
     largest = ev.largest_free_block_bytes
-    if not ev.has_snapshot or req is None or largest is None or largest >= req:
-        return None
-    if needed is None or usable is None or needed > usable:
+    if req is None or needed is None or usable is None or needed > usable:
         return None
     free = ev.device_free_bytes or 0
     pool = ev.free_in_pool_bytes
     ru = ev.reserved_unallocated_bytes or 0
     if ru < MIN_WASTE_FRACTION * usable:
         return None  # too little was stranded to have decided anything but this one allocation
+    if not ev.has_snapshot:
+        # the message alone: the reservation held more free memory than the request, where it could not
+        # serve it (the allocator had released every cached segment it could before giving up)
+        if ru < req:
+            return None
+        return (
+            f"{human(ru)} of the reservation was free, more than the {human(req)} requested, and the step had "
+            f"needed {human(needed)} of the {human(usable)} it could hold: the memory was there, not in one "
+            "piece; whether the rest of the step fits is not known."
+        )
+    if largest is None or largest >= req:
+        return None
     if pool is not None and pool < req and pool + free >= req:
         return (
             f"{human(pool)} free in the pool's holes and {human(free)} free on the device would, packed, "

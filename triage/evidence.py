@@ -43,7 +43,10 @@ _RE_OTHER_KILLER = re.compile(
     r"|\bpreempt(?:ed|ion)\b|^\s*Reason:\s+Error\s*$"
     # the kubelet evicting for disk (the node's or an emptyDir's), torchrun killing a rank that hung
     r"|low on resource: (?:ephemeral-storage|nodefs|imagefs|pids?|inodes)|Usage of EmptyDir volume"
-    r"|exceeds (?:its|the) local ephemeral storage limit|forcefully exiting via Signals\.SIGKILL",
+    r"|exceeds (?:its|the) local ephemeral storage limit|forcefully exiting via Signals\.SIGKILL"
+    # a graceful stop that outlived its grace period (the kernel's OOM killer sends no SIGTERM first): the
+    # kubelet stopping the container, a spot instance reclaimed, torchrun's agent told to shut down
+    r"|\bStopping container\b|\bspot (?:instance )?interruption\b|Received Signals\.SIGTERM death signal",
     re.IGNORECASE | re.MULTILINE,
 )
 # The job's own worker processes, as its launcher prints them: torchrun's teardown and failure summary,
@@ -55,6 +58,9 @@ _RE_LAUNCHER_PID = re.compile(
     r"|Killing subprocess (\d+)"
     r"|\((?:RayTrainWorker|TorchTrainer|_RayTrainWorker\w*) pid=(\d+)"
     r"|pid=(\d+)\) world_rank="
+    # a rank reporting its own pid ("[rank3] pid=40114 device=cuda:3", "rank 3 pid=40114")
+    r"|^\[rank\d+\]:?\s*pid[=:]\s*(\d+)|\brank[ =:]\s*\d+,?\s+pid[=:]\s*(\d+)",
+    re.MULTILINE,
 )
 # torchrun's error summary names the first rank that failed: the others may have failed because of it
 _RE_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):(?:\n[^\n]*){0,4}?\n\s*rank\s*:\s*(\d+)")

@@ -924,10 +924,11 @@ def went_on_after(text: str, line_no: int, rank: int | None = None) -> tuple[int
 
 # What a training loop prints of its live GPU memory, per step: DeepSpeed's ``see_memory_usage`` ("MA 21.3 GB
 # Max_MA 27.4 GB CA …", GiB printed as GB), and ``torch.cuda.memory_allocated()`` printed under any name that
-# says allocated (``mem_allocated 14.2 GiB``, ``memory_allocated()=9663676416``) — not a max or peak value.
+# says allocated (``mem_allocated 14.2 GiB``, ``memory_allocated()=9663676416``, ``| alloc 22.41 GiB |``) —
+# not a max or peak value.
 _RE_DS_MA = re.compile(r"(?<![\w])MA (\d{1,9}(?:\.\d{1,6})?) ?GB\s{1,40}Max_MA (\d{1,9}(?:\.\d{1,6})?) ?GB")
 _RE_ALLOCATED = re.compile(
-    r"(?<![\w.])((?:[A-Za-z_]{1,40}[._]){0,4}allocated(?:_bytes(?:\.all\.current)?)?(?:\(\))?)"
+    r"(?<![\w.])((?:[A-Za-z_]{1,40}[._]){0,4}alloc(?:ated)?(?:_bytes(?:\.all\.current)?)?(?:\(\))?)"
     r"['\"]?\s{0,3}[:=]?\s{0,3}(\d{1,20}(?:\.\d{1,6})?)\s{0,2}(GiB|MiB|KiB|GB|MB|KB|G|M|bytes|B)?(?![\w])",
     re.IGNORECASE,
 )
@@ -946,7 +947,7 @@ def memory_samples(text: str, rank: int | None = None, until: int | None = None)
     out: list[dict[str, int]] = []
     lines = text.split("\n")
     for i, raw in enumerate(lines[: until if until is not None else len(lines)]):
-        if "llocated" not in raw and "MA " not in raw:
+        if "lloc" not in raw and "MA " not in raw:
             continue
         ln = _strip_line(raw)
         if rank is not None and ln.g is not None and ln.g != rank:

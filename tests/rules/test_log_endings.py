@@ -314,3 +314,66 @@ def test_only_the_failing_ranks_prints_count() -> None:
     assert ev.message is not None and ev.message.rank == 0
     assert ev.steps and {s.allocated_bytes for s in ev.steps} == {10 * 1024**3}
     assert d.verdict != "tensor_leak"
+
+
+@pytest.mark.parametrize(
+    "stop",
+    [
+        "# events: Normal Killing kubelet Stopping container trainer (node spot-a100-12 draining: spot interruption)\n",
+        "W0606 03:14:10.004000 1 torch/distributed/elastic/agent/server/api.py:704] Received Signals.SIGTERM "
+        "death signal, shutting down workers\n",
+    ],
+)
+def test_a_graceful_stop_that_ran_out_its_grace_period_is_not_a_memory_kill(stop: str) -> None:
+    """Exit code 137 after the pod was told to stop: the kubelet (or the spot reclaim) sent SIGTERM first and
+    SIGKILL when the grace period ran out. The kernel's OOM killer sends no SIGTERM."""
+    log = (
+        "# lastState.terminated: reason=Error exitCode=137\n"
+        + stop
+        + steps(88100, 88120)
+        + "I0606 03:14:38.900000 91 train.py] checkpoint upload 41% (17.2/41.9 GB)\n"
+    )
+    d, ev = diagnose_text(log)
+    assert ev.other_killer
+    assert d.verdict != "host_memory_limit", d.headline
+    d, _ = diagnose_text("# lastState.terminated: reason=Error exitCode=137\n" + steps(88100, 88120))
+    assert d.verdict == "host_memory_limit", d.headline  # nothing else named: the kernel's kill stands
+
+
+def test_ranks_that_print_their_own_pids_are_the_job_not_neighbours() -> None:
+    """Every rank loaded the checkpoint onto cuda:0 (``map_location='cuda:0'``): their 3 GiB on GPU 0 are the
+    job's own processes, which the log ties to the ranks by pid."""
+    pids = "".join(
+        f"[rank{r}] pid={40111 + r} device=cuda:{r} loading checkpoint (map_location='cuda:0')\n"
+        for r in range(4)
+    )
+    oom = (
+        "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1024.00 MiB. GPU 0 has a total "
+        "capacity of 79.15 GiB of which 456.00 MiB is free. Including non-PyTorch memory, this process has 69.40 "
+        "GiB memory in use. Process 40112 has 3.05 GiB memory in use. Process 40113 has 3.05 GiB memory in use. "
+        "Process 40114 has 3.05 GiB memory in use. Of the allocated memory 68.10 GiB is allocated by PyTorch, and "
+        "600.00 MiB is reserved by PyTorch but unallocated.\n"
+    )
+    d, ev = diagnose_text(pids + oom)
+    assert {40112, 40113, 40114} <= ev.launcher_pids
+    assert ev.other_process_bytes == 0
+    assert d.verdict != "other_process", d.headline
+    d, _ = diagnose_text(oom)  # without the ranks' own lines, the pids are strangers
+    assert "other_process" in d.candidates
+
+
+def test_a_loop_printing_alloc_per_step_shows_the_growth() -> None:
+    log = "".join(
+        f"step {k * 50:5d}/20000 | bs=8 | loss 3.0 | alloc {22.41 + 1.1 * k:.2f} GiB | reserved {23.5 + 1.1 * k:.2f} GiB\n"
+        for k in range(1, 40)
+    )
+    samples = memory_samples(log)
+    assert len(samples) == 39 and samples[-1]["step"] > samples[0]["step"]
+    assert samples[0]["allocated_bytes"] == round(23.51 * (1 << 30))
+    oom = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity of "
+        "79.15 GiB of which 20.00 MiB is free. Process 712001 has 79.12 GiB memory in use. Of the allocated memory "
+        "77.60 GiB is allocated by PyTorch, and 500.00 MiB is reserved by PyTorch but unallocated.\n"
+    )
+    d, _ = diagnose_text(log + oom)
+    assert d.verdict == "tensor_leak", d.headline

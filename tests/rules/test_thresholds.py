@@ -544,3 +544,25 @@ def test_two_process_lines_and_no_way_to_tell_which_is_the_job(a: str, b: str, v
     d, _ = diagnose_text(TWO_LINES.format(a=a, b=b))
     assert d.verdict == verdict, d.headline
     assert "other_process" in d.candidates
+
+
+def test_a_message_with_more_free_in_the_reservation_than_the_request_does_not_prove_too_large() -> None:
+    """Flat steps (DeepSpeed's prints), then a 3.1 GiB request fails with 38.6 GiB reserved but unallocated
+    and the step at 42.9 GiB of the 78.6 it could hold: the memory was there, not in one piece. Whether the
+    rest of the step fits is not in the text."""
+    from triage.pipeline import diagnose_text
+
+    prints = "".join(
+        f"[Rank 0] step={k * 200}\nMA 30.{k % 5} GB         Max_MA 38.50 GB         CA 60.00 GB         Max_CA 60 GB\n"
+        for k in range(1, 12)
+    )
+    oom = (
+        "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.12 GiB. GPU 0 has a total capacity "
+        "of 79.11 GiB of which 218.00 MiB is free. Including non-PyTorch memory, this process has 78.90 GiB memory "
+        "in use. Of the allocated memory 39.80 GiB is allocated by PyTorch, and 38.60 GiB is reserved by PyTorch "
+        "but unallocated.\n"
+    )
+    d, ev = diagnose_text(prints + oom)
+    assert ev.trend is not None and ev.trend.growth_bytes < (1 << 30)
+    assert d.verdict == "inconclusive", d.headline
+    assert {"workload_too_large", "fragmentation"} <= set(d.candidates)
