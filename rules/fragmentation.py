@@ -34,7 +34,13 @@ from rules.base import (
     UNLIKE_EARLIER,
     Finding,
 )
-from triage.evidence import TRACE_MIN_CYCLES, accumulating_site, aligned_step, turning_window
+from triage.evidence import (
+    TRACE_MIN_CYCLES,
+    accumulating_site,
+    aligned_step,
+    growing_request,
+    turning_window,
+)
 from triage.units import human
 
 if TYPE_CHECKING:
@@ -117,6 +123,16 @@ def evaluate(ev: Evidence) -> Finding | None:
             "Live memory grew step after step: the holes are a symptom of the growth, not its cause."
         )
         f.score = min(f.score - 0.25, POSSIBLE)
+    grow = growing_request(ev)
+    if grow is not None:
+        n, first, last = grow
+        f.facts.append(
+            f"The request is the latest of {n} allocations from its own line that only grew ({human(first)} → "
+            f"{human(last)}): a tensor re-made larger at every call (a cache grown token by token). How far it "
+            "was going is not in the record: packed, a later one may still have failed."
+        )
+        f.missing.append("how far the growth was going (the generation's max_new_tokens, the longest input)")
+        f.score = min(f.score, LEAD)
     if ev.batch_grew_from:
         f.facts.append("The batch size grew just before the OOM: the demand changed, not the layout.")
         f.score -= 0.3

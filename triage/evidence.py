@@ -1366,6 +1366,44 @@ def _survivors(ev: Evidence) -> None:
 
 
 ACCUMULATING_SHARE = 0.25  # of live memory: a site that keeps adding this much is a story of its own
+GROWING_RUN = 8  # allocations from the failing request's stack, each no smaller than the one before
+GROWING_SIZES = 3  # distinct sizes among them: grown at least twice before the request
+
+
+def growing_request(ev: Evidence) -> tuple[int, int, int] | None:
+    """(allocations, first size, request) when the failing request is the latest of a run of allocations
+    from its own stack that only grew: the last ``GROWING_RUN`` or more, each at least as large as the one
+    before, of at least ``GROWING_SIZES`` sizes, the request larger than the first. A tensor rebuilt larger
+    at every call (a KV cache grown by ``torch.cat`` token after token, a buffer re-made to a longer length):
+    the demand was still growing when it failed, and how far it was going is not in the record."""
+    tl, oom = ev.oom_timeline, ev.oom_entry
+    if tl is None or oom is None or not oom.frames:
+        return None
+    req = oom.size or ev.request_bytes
+    if not req:
+        return None
+    key = tuple(frame_key(f) for f in oom.frames if isinstance(f, dict))
+    sizes: list[int] = []
+    seen: dict[int, bool] = {}
+    raw = tl.raw
+    for i in reversed(tl.alloc_indices):
+        if i >= oom.index:
+            continue
+        frames = raw[i].get("frames")
+        if not frames:
+            continue
+        hit = seen.get(id(frames))
+        if hit is None:
+            hit = seen[id(frames)] = tuple(frame_key(f) for f in frames if isinstance(f, dict)) == key
+        if not hit:
+            continue
+        size = raw[i].get("size", 0)
+        if not isinstance(size, int) or (sizes and size > sizes[-1]):
+            break  # going back in time, sizes may only shrink
+        sizes.append(size)
+    if len(sizes) < GROWING_RUN or len(set(sizes)) < GROWING_SIZES or req <= sizes[-1] or req < max(sizes):
+        return None
+    return len(sizes), sizes[-1], req
 
 
 def accumulating_site(ev: Evidence) -> Survivors | None:
