@@ -71,6 +71,7 @@ MIN_RISING_FRACTION = 0.7
 MIN_GROWTH_FRACTION = 0.05  # of the device limit
 EARLY_STEP = 1  # a job at this step or before has had no time to leak across steps
 BOUNDED = 0.4  # survivors that behave like a bounded cache (flat steps, filled and stopped, turning over)
+GIVEN_BACK = 0.5  # of the per-step rises, given back by falls: memory that is cleared now and then
 
 
 def late_leak(trend: StepTrend, growth_floor: int) -> bool:
@@ -417,7 +418,14 @@ def evaluate(ev: Evidence) -> Finding | None:
                 f"Small as it is, it decided the OOM: freed, its {human(st.bytes)} would have covered the "
                 f"{human(ev.request_bytes or 0)} request."
             )
-        steady = trend is not None and trend.rising_fraction >= 0.9 and not trend.plateaued
+        # rising at nearly every step, and not giving most of it back now and then (a cache cleared every N
+        # steps rises at every other step too: a saw-tooth, not a leak)
+        steady = (
+            trend is not None
+            and trend.rising_fraction >= 0.9
+            and not trend.plateaued
+            and trend.given_back < GIVEN_BACK
+        )
         if ev.step is not None and ev.step <= EARLY_STEP and not trend_growing:
             # the job says it was in its first steps: what the trace shows as steps were the layers of one
             # forward pass, or the micro-steps of one optimizer step

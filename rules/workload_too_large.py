@@ -369,7 +369,11 @@ def evaluate(ev: Evidence) -> Finding | None:
                 f"Only {human(ru)} of the reservation was free: caching did not hide the memory it needed."
             )
             f.score = max(f.score, POSSIBLE) + 0.05
-    if ev.other_process_bytes and ev.total_bytes and ev.other_process_bytes > 0.1 * ev.total_bytes:
+    # a neighbour holding a tenth of the device or more: the job may not be what ran out
+    crowded = bool(
+        ev.other_process_bytes and ev.total_bytes and ev.other_process_bytes > 0.1 * ev.total_bytes
+    )
+    if crowded:
         f.score -= 0.2
     if (
         trend is not None
@@ -406,7 +410,7 @@ def evaluate(ev: Evidence) -> Finding | None:
             f"The batch grew to {ev.batch_size} (from at most {grown} in the earlier steps) just before the OOM: "
             "the demand changed, the memory it may use did not."
         )
-        f.score = max(f.score, LIKELY) + 0.15
+        f.score = max(f.score, LIKELY - (0.2 if crowded else 0.0)) + 0.15
     # the collector's samples, however few; else the steps the trace shows
     peaks = [s.peak_allocated_bytes for s in ev.steps] if len(ev.steps) >= 2 else ev.earlier_peaks
     if (

@@ -199,6 +199,7 @@ class StepTrend:
     tail_slope_ratio: float  # mean change over the last quarter / mean change before it (1.0 = steady)
     rise_at: tuple[int, ...] = ()  # indices of the step-to-step changes that were increases
     tail_rises: int = 0  # step-to-step changes at the end that were all increases (a leak that began late)
+    given_back: float = 0.0  # what the falls gave back, a share of all the rises (a cache cleared at times)
 
     @property
     def never_falls(self) -> bool:
@@ -399,6 +400,7 @@ def _trend_of(ss: Sequence[StepSample]) -> StepTrend | None:
         tail_slope_ratio=ratio,
         rise_at=tuple(i for i, d in enumerate(diffs) if d > noise),
         tail_rises=next((i for i, d in enumerate(reversed(diffs)) if d <= noise), len(diffs)),
+        given_back=-sum(d for d in diffs if d < 0) / max(1, sum(d for d in diffs if d > 0)),
     )
 
 
