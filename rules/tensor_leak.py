@@ -40,12 +40,14 @@ skipped; see ``triage.snapshot.frames``). Without stacks the verdict can stand o
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING
 
 from rules.base import CANDIDATE, LEAD, LIKELY, STRONG, Finding
 from triage.evidence import (
     LATE_RISES,
     accumulating_site,
+    allocs_by_site,
     kept_graphs,
     live_under_calls,
     trace_cycles,
@@ -241,6 +243,43 @@ def _lead_by_growth(ev: Evidence, f: Finding) -> None:
     f.facts.append(
         f"{st.count} blocks, {human(st.bytes)}, allocated at {st.site.label} are alive{older}: as much as "
         f"live memory grew over the {trend.steps} sampled steps ({human(grown)})."
+    )
+
+
+REGROWN_RUN = 8  # re-makes of one block, each at least as large as the one before, to read it as growing
+
+
+def _lead_by_regrowth(ev: Evidence, f: Finding) -> None:
+    """When the steps prove a leak and no site keeps many blocks: the user line whose one live block is the
+    latest of a run of re-makes that only grew, each freeing the one before (``buf = torch.cat([buf, new])``
+    and never trimmed), and that holds half of what live memory grew by over the steps or more."""
+    trend, tl = ev.trend, ev.oom_timeline
+    if trend is None or tl is None or trend.growth_bytes <= 0:
+        return
+    best: tuple[int, SiteStats, int, int, int] | None = None
+    made = allocs_by_site(ev)
+    for st in ev.sites:
+        if st.site.kind != "user" or st.count > 2 or not st.traced:
+            continue
+        sizes = [s for i in made.get((tl.device, st.site), []) if isinstance(s := tl.raw[i].get("size"), int)]
+        run = 1
+        for a, b in itertools.pairwise(reversed(sizes)):
+            if b > a:
+                break
+            run += 1
+        sizes = sizes[-run:]
+        if run < REGROWN_RUN or len(set(sizes)) < 3 or st.bytes < 0.9 * sizes[-1]:
+            continue
+        if st.bytes >= 0.5 * trend.growth_bytes and (best is None or st.bytes > best[0]):
+            best = (st.bytes, st, run, sizes[0], sizes[-1])
+    if best is None:
+        return
+    _, st, run, first, last = best
+    f.leak_site = st.site.to_dict()
+    f.facts.append(
+        f"One block at {st.site.label} was re-made larger {run} times in the trace ({human(first)} → "
+        f"{human(last)}), each freeing the one before: a tensor concatenated onto itself "
+        "(`buf = torch.cat([buf, new])`) and never trimmed."
     )
 
 
@@ -521,6 +560,8 @@ def evaluate(ev: Evidence) -> Finding | None:
             _lead_by_growth(ev, f)
         if f.leak_site is None:
             _lead_by_calls(ev, f)
+        if f.leak_site is None:
+            _lead_by_regrowth(ev, f)
     elif trend is not None and trend.steps >= 8 and trend.rising_fraction >= 0.9 and not trend.plateaued:
         # a small rise after every single step: live memory after a step is exact to the byte in a
         # healthy loop, so even a few KiB a step is something kept; the longer the run, the surer

@@ -1352,7 +1352,7 @@ def _survivors(ev: Evidence) -> None:
         after = 0
         if freed and idx:
             if not by_site:
-                by_site.update(_allocs_by_site(ev))
+                by_site.update(allocs_by_site(ev))
             alive = set(idx)
             after = sum(1 for i in by_site.get((dev, st.site), []) if i > idx[0] and i not in alive)
         sv = Survivors(st, cycles, len(idx) - 1, freed, after)
@@ -1893,7 +1893,7 @@ def _freed_after(tl: DeviceTimeline, allocs: list[int], first: int) -> bool:
     return False
 
 
-def _allocs_by_site(ev: Evidence) -> dict[tuple[int, Site], list[int]]:
+def allocs_by_site(ev: Evidence) -> dict[tuple[int, Site], list[int]]:
     """Entry indices of every traced allocation, grouped by (device, site)."""
     out: dict[tuple[int, Site], list[int]] = {}
     for tl in ev.timelines:

@@ -20,6 +20,7 @@ from triage.evidence import growing_request
 from triage.pipeline import diagnose_snapshot
 from triage.snapshot.loader import normalise
 
+GIB = 1024 * MiB
 GENERATE = line(57, "handle")  # `out = model.generate(**inputs)`
 LAYERS = 4
 
@@ -84,3 +85,49 @@ def test_no_run_of_growth_no_question(tokens: int) -> None:
     raw = generation(tokens=tokens, grow=tokens == 1)
     _, ev = diagnose_snapshot(normalise(raw), message=message(raw))
     assert growing_request(ev) is None
+
+
+BANK = [{"filename": "/w/memory_bank.py", "line": 33, "name": "push"}, *under(GENERATE, 90)[-2:]]
+
+
+@pytest.mark.parametrize("trimmed", [False, True])
+def test_one_block_concatenated_onto_itself_every_step_is_the_leak_site(trimmed: bool) -> None:
+    """``self.bank = torch.cat([self.bank, k])`` every step, never trimmed: one live block, re-made 6 MiB
+    larger each step and the old one freed. The steps prove the growth; the trace (the last 20 steps) shows
+    the one line whose block is all of it. Trimmed to a fixed size, the block stops growing: no site."""
+    from tests.rules.rawsnap import ACT, bundle
+    from triage.pipeline import diagnose_bundle
+
+    t = Trace(0)
+    bank = t.alloc(2048 * MiB, BANK)
+    start = 0
+    steps = 60
+    for k in range(steps):
+        if k == steps - 20:
+            start = len(t.entries)
+        t.step(3, None)
+        size = 2048 * MiB + (0 if trimmed else (k + 1) * 6 * MiB)
+        new = t.alloc(size, BANK)
+        t.free(bank)
+        bank = new
+    t.alloc(256 * MiB, ACT)
+    t.entries.append(
+        {"action": "oom", "addr": 0, "size": 512 * MiB, "stream": 0, "device_free": 0, "frames": ACT}
+    )
+    raw = {"segments": t.segments(), "device_traces": [t.entries[start:]]}
+    grow = 0 if trimmed else 6 * MiB
+    timeline = [
+        {
+            "step": k,
+            "allocated_bytes": 2048 * MiB + k * grow,
+            "peak_allocated_bytes": 2048 * MiB + k * grow + GIB,
+        }
+        for k in range(steps)
+    ]
+    d, _ = diagnose_bundle(bundle(raw, step=steps, timeline=timeline))
+    if trimmed:
+        assert d.verdict != "tensor_leak" or d.leak_site is None
+        return
+    assert d.verdict == "tensor_leak", d.headline
+    assert d.leak_site is not None and d.leak_site["line"] == 33
+    assert any("concatenated onto itself" in e.fact for e in d.evidence)
