@@ -451,7 +451,8 @@ def evaluate(ev: Evidence) -> Finding | None:
             )
         )
         f.score = min(f.score, CANDIDATE if graphs is not None else LEAD)
-    stranded = None if early else _stranded(ev, needed, usable)
+    # the step set beside the one before it would not have fitted packed: the holes decided nothing
+    stranded = None if early or beyond is not None else _stranded(ev, needed, usable)
     if stranded is not None and grown and needed is not None:
         # after the batch grew, the stranded memory is the story only if it is more than what the bigger
         # batch added to the step so far

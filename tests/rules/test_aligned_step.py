@@ -22,7 +22,9 @@ from triage.pipeline import diagnose_snapshot
 from triage.snapshot.loader import normalise
 
 
-def longer_input(*, holes: int, layers_done: int = 4, misses: int = 0) -> dict[str, Any]:
+def longer_input(
+    *, holes: int, layers_done: int = 4, misses: int = 0, hole: int = 380 * MiB
+) -> dict[str, Any]:
     """Six steps whose forward saves 8 activations of 128 MiB; then one whose tensors are four times
     the size (a sequence twice as long through attention), failing at its next saved activation (512 MiB)
     after ``layers_done`` layers. ``holes`` free segments of 380 MiB are cached beside it."""
@@ -45,7 +47,7 @@ def longer_input(*, holes: int, layers_done: int = 4, misses: int = 0) -> dict[s
         "frames": under(TRAIN_CALL, 30),
     }
     t.entries.append(oom)
-    segments = t.segments() + [free_segment(0, (9 << 40) + k * (1 << 30), 380 * MiB) for k in range(holes)]
+    segments = t.segments() + [free_segment(0, (9 << 40) + k * (1 << 30), hole) for k in range(holes)]
     return {"segments": segments, "device_traces": [t.entries]}
 
 
@@ -60,15 +62,17 @@ def test_the_failing_step_is_set_beside_the_one_before_it() -> None:
     assert a.predicted - a.start == 4 * (8 * 128 + 256) * MiB
 
 
-def message(raw: dict[str, Any]) -> str:
-    """The OOM message torch 2.2+ prints for this snapshot: the device full, 300 MiB of it the CUDA context."""
+def message(raw: dict[str, Any], free: int = 0) -> str:
+    """The OOM message torch 2.2+ prints for this snapshot: the device full but for ``free`` bytes, 300 MiB
+    of it the CUDA context."""
     reserved = sum(seg["total_size"] for seg in raw["segments"])
     allocated = sum(seg["allocated_size"] for seg in raw["segments"])
     gib = 1 << 30
     return (
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total capacity "
-        f"of {(reserved + 300 * MiB) / gib:.2f} GiB of which 0 bytes is free. Including non-PyTorch memory, this "
-        f"process has {(reserved + 300 * MiB) / gib:.2f} GiB memory in use. Of the allocated memory "
+        f"of {(reserved + 300 * MiB + free) / gib:.2f} GiB of which {free / MiB:.2f} MiB is free. Including "
+        f"non-PyTorch memory, this process has {(reserved + 300 * MiB) / gib:.2f} GiB memory in use. Of the "
+        "allocated memory "
         f"{allocated / gib:.2f} GiB is allocated by PyTorch, and {(reserved - allocated) / MiB:.2f} MiB is "
         "reserved by PyTorch but unallocated."
     )
@@ -113,6 +117,19 @@ def test_a_few_allocations_the_earlier_step_did_not_make_are_taken_as_they_are(
     assert a is not None and a.position == 2 * 4
     assert a.ratio == pytest.approx(4.0)
     assert a.predicted - a.start == 4 * (8 * 128 + 256) * MiB + misses * 40 * MiB
+
+
+def test_holes_and_the_device_s_free_memory_that_would_have_held_the_request_decide_nothing_either() -> None:
+    """Two holes of 200 MiB and 200 MiB free on the device: packed, the 512 MiB request had room, so at that
+    moment the step had not outgrown the device. Set beside the step before it, it would have needed far
+    more at its peak than the job could hold: too large all the same."""
+    raw = longer_input(holes=2, hole=200 * MiB)
+    d, ev = diagnose_snapshot(normalise(raw), message=message(raw, free=200 * MiB))
+    a = aligned_step(ev)
+    assert a is not None and ev.usable_bytes is not None and a.predicted > 1.05 * ev.usable_bytes
+    assert (ev.free_in_pool_bytes or 0) < (ev.request_bytes or 0) <= (ev.free_in_pool_bytes or 0) + 200 * MiB
+    assert d.verdict == "workload_too_large", d.headline
+    assert not any("had not outgrown the device" in e.fact for e in d.evidence)
 
 
 def test_a_different_path_through_the_model_is_not_aligned() -> None:
