@@ -93,25 +93,25 @@ def evaluate(ev: Evidence) -> Finding | None:
         )
     physical = max(total or 0, ev.named_total_bytes or 0) or None
     limit = ev.vgpu_limit_bytes
-    if limit and physical and limit < physical:
-        f.facts.append(
-            f"A virtual-GPU layer limits the job to {human(limit)} of the device's {human(physical)}."
-        )
+    below = bool(limit and physical and limit < physical)
+    if limit and (below or not ev.named_total_bytes):
+        if below:
+            f.facts.append(
+                f"A virtual-GPU layer limits the job to {human(limit)} of the device's {human(physical or 0)}."
+            )
+            f.score = max(f.score, LIKELY + 0.05)
+        else:
+            # the layer reports its limit as the device's total: a share of a GPU whose size is not in this
+            # input, like a MIG slice with nothing saying what the job asked for
+            f.facts.append(
+                f"A virtual-GPU layer limits the job to {human(limit)}, a share of a GPU whose size (and the share "
+                "the job asked for) is not in this input."
+            )
+            f.missing.append(
+                "the device's product name and the vGPU memory the job requested (nvidia.com/gpumem)"
+            )
+            f.score = max(f.score, LIKELY if needed is None or needed >= 0.9 * limit else POSSIBLE)
         f.values["vgpu_limit_bytes"] = limit
-        f.score = max(f.score, LIKELY + 0.05)
-        f.actions.append("Raise the job's vGPU memory quota (e.g. nvidia.com/gpumem) or give it a whole GPU.")
-    elif limit and not ev.named_total_bytes:
-        # the layer reports its limit as the device's total: a share of a GPU whose size is not in this input,
-        # like a MIG slice with nothing saying what the job asked for
-        f.facts.append(
-            f"A virtual-GPU layer limits the job to {human(limit)}, a share of a GPU whose size (and the share the "
-            "job asked for) is not in this input."
-        )
-        f.missing.append(
-            "the device's product name and the vGPU memory the job requested (nvidia.com/gpumem)"
-        )
-        f.values["vgpu_limit_bytes"] = limit
-        f.score = max(f.score, LIKELY if needed is None or needed >= 0.9 * limit else POSSIBLE)
         f.actions.append("Raise the job's vGPU memory quota (e.g. nvidia.com/gpumem) or give it a whole GPU.")
     slice_name = ev.slice_sized
     if f.score <= 0 and slice_name and total:

@@ -40,7 +40,6 @@ skipped; see ``triage.snapshot.frames``). Without stacks the verdict can stand o
 
 from __future__ import annotations
 
-import itertools
 from typing import TYPE_CHECKING
 
 from rules.base import CANDIDATE, LEAD, LIKELY, STRONG, Finding
@@ -48,6 +47,8 @@ from triage.evidence import (
     LATE_RISES,
     accumulating_site,
     allocs_by_site,
+    grew,
+    growth_run,
     kept_graphs,
     live_under_calls,
     trace_cycles,
@@ -246,9 +247,6 @@ def _lead_by_growth(ev: Evidence, f: Finding) -> None:
     )
 
 
-REGROWN_RUN = 8  # re-makes of one block, each at least as large as the one before, to read it as growing
-
-
 def _lead_by_regrowth(ev: Evidence, f: Finding) -> None:
     """When the steps prove a leak and no site keeps many blocks: the user line whose one live block is the
     latest of a run of re-makes that only grew, each freeing the one before (``buf = torch.cat([buf, new])``
@@ -262,22 +260,17 @@ def _lead_by_regrowth(ev: Evidence, f: Finding) -> None:
         if st.site.kind != "user" or st.count > 2 or not st.traced:
             continue
         sizes = [s for i in made.get((tl.device, st.site), []) if isinstance(s := tl.raw[i].get("size"), int)]
-        run = 1
-        for a, b in itertools.pairwise(reversed(sizes)):
-            if b > a:
-                break
-            run += 1
-        sizes = sizes[-run:]
-        if run < REGROWN_RUN or len(set(sizes)) < 3 or st.bytes < 0.9 * sizes[-1]:
+        run = growth_run(reversed(sizes))  # newest first
+        if not grew(run) or st.bytes < 0.9 * run[0]:
             continue
         if st.bytes >= 0.5 * trend.growth_bytes and (best is None or st.bytes > best[0]):
-            best = (st.bytes, st, run, sizes[0], sizes[-1])
+            best = (st.bytes, st, len(run), run[-1], run[0])
     if best is None:
         return
-    _, st, run, first, last = best
+    _, st, n, first, last = best
     f.leak_site = st.site.to_dict()
     f.facts.append(
-        f"One block at {st.site.label} was re-made larger {run} times in the trace ({human(first)} → "
+        f"One block at {st.site.label} was re-made larger {n} times in the trace ({human(first)} → "
         f"{human(last)}), each freeing the one before: a tensor concatenated onto itself "
         "(`buf = torch.cat([buf, new])`) and never trimmed."
     )

@@ -181,7 +181,7 @@ def _beyond(ev: Evidence, usable: int | None) -> str | None:
     a = aligned_step(ev)
     if a is None or usable is None or a.predicted <= BEYOND_USABLE * usable:
         return None
-    besides = f", besides {a.extra} it made that the earlier did not" if a.extra else ""
+    besides = f", besides {a.unmatched} it made that the earlier did not" if a.unmatched else ""
     return (
         f"Set beside the step before it (the same stacks, allocation by allocation{besides}, {a.ratio:.1f}x the "
         f"memory so far: a longer input or a larger batch), this step would have needed {human(a.predicted)} "
@@ -373,8 +373,8 @@ def evaluate(ev: Evidence) -> Finding | None:
     crowded = bool(
         ev.other_process_bytes and ev.total_bytes and ev.other_process_bytes > 0.1 * ev.total_bytes
     )
-    if crowded:
-        f.score -= 0.2
+    neighbour_penalty = 0.2 if crowded else 0.0
+    f.score -= neighbour_penalty
     if (
         trend is not None
         and trend.steps >= 3
@@ -410,7 +410,7 @@ def evaluate(ev: Evidence) -> Finding | None:
             f"The batch grew to {ev.batch_size} (from at most {grown} in the earlier steps) just before the OOM: "
             "the demand changed, the memory it may use did not."
         )
-        f.score = max(f.score, LIKELY - (0.2 if crowded else 0.0)) + 0.15
+        f.score = max(f.score, LIKELY - neighbour_penalty) + 0.15
     # the collector's samples, however few; else the steps the trace shows
     peaks = [s.peak_allocated_bytes for s in ev.steps] if len(ev.steps) >= 2 else ev.earlier_peaks
     if (

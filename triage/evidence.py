@@ -13,7 +13,7 @@ import itertools
 import math
 import re
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
@@ -341,7 +341,7 @@ class AlignedStep:
     earlier_peak: int  # the earlier step's peak, bytes
     start: int  # live memory as the failing call began
     predicted: int  # what the failing step would have needed at its peak
-    extra: int = 0  # allocations of the failing call the earlier one did not make (counted as they are)
+    unmatched: int = 0  # allocations of the failing call the earlier one did not make (counted as they are)
 
 
 def _trend(samples: Sequence[Any]) -> StepTrend | None:
@@ -454,7 +454,6 @@ class Evidence:
     # calls of one model line in the trace freed since, the most of any line (None: no call seen)
     freed_calls: int | None = None
     calls_by_device: dict[int, dict[int, CallId]] = field(default_factory=dict, repr=False)
-    calls_order_by_device: dict[int, list[int]] = field(default_factory=dict, repr=False)
     under_calls: dict[tuple[Any, Any, Any], tuple[int, int]] | None = field(default=None, repr=False)
     aligned: AlignedStep | bool | None = field(default=False, repr=False)  # False: not worked out yet
     oom_entry: TraceEntry | None = None
@@ -1318,6 +1317,7 @@ def _survivors(ev: Evidence) -> None:
     by_dev = {t.device: t for t in ev.timelines}
     by_site: dict[tuple[int, Site], list[int]] = {}
     swings: dict[int, int] = {}
+    orders: dict[int, list[int]] = {}  # entry indices of the model's allocations, per device
     olders: dict[int, dict[tuple[Any, Any, Any], list[tuple[int, int]]]] = {}
     for st in ev.sites:
         if st.traced < 3 or st.site.kind in ("native", "unknown"):
@@ -1331,6 +1331,9 @@ def _survivors(ev: Evidence) -> None:
         if swing is None:
             swing = swings[dev] = _step_swing(tl)
         call_of = _model_calls(ev, tl)
+        order = orders.get(dev)
+        if order is None:
+            order = orders[dev] = sorted(call_of)
         # two blocks made in one call of the model are layers of one forward pass, not two steps: each call
         # is read at its first survivor, so two calls' are compared at the same point of their forward
         # passes (the last layer's of one against the first layer's of the next would differ by a whole
@@ -1346,7 +1349,7 @@ def _survivors(ev: Evidence) -> None:
             # two calls' first survivors sit at the same point of their forward passes: memory that rose
             # and came back down between them is a forward and a backward that came and went
             if (call_of.get(a) is None or call_of.get(a) != call_of.get(c))
-            and (_is_cycle(tl, a, c, swing) or _call_between(tl, call_of, ev, a, c))
+            and (_is_cycle(tl, a, c, swing) or _call_between(tl, call_of, order, a, c))
         )
         freed = max(0, st.allocs_in_trace - st.traced)
         after = 0
@@ -1372,6 +1375,23 @@ GROWING_RUN = 8  # allocations from the failing request's stack, each no smaller
 GROWING_SIZES = 3  # distinct sizes among them: grown at least twice before the request
 
 
+def growth_run(newest_first: Iterable[int]) -> list[int]:
+    """The sizes of the latest run of re-makes that only grew, newest first: read back in time until a
+    size larger than the one after it. A run of at least ``GROWING_RUN`` of ``GROWING_SIZES`` sizes or more
+    is a tensor re-made larger at every call."""
+    out: list[int] = []
+    for size in newest_first:
+        if out and size > out[-1]:
+            break
+        out.append(size)
+    return out
+
+
+def grew(run: list[int]) -> bool:
+    """Whether a ``growth_run`` is long and varied enough to be a tensor re-made larger at every call."""
+    return len(run) >= GROWING_RUN and len(set(run)) >= GROWING_SIZES
+
+
 def growing_request(ev: Evidence) -> tuple[int, int, int] | None:
     """(allocations, first size, request) when the failing request is the latest of a run of allocations
     from its own stack that only grew: the last ``GROWING_RUN`` or more, each at least as large as the one
@@ -1385,25 +1405,26 @@ def growing_request(ev: Evidence) -> tuple[int, int, int] | None:
     if not req:
         return None
     key = tuple(frame_key(f) for f in oom.frames if isinstance(f, dict))
-    sizes: list[int] = []
     seen: dict[int, bool] = {}
     raw = tl.raw
-    for i in reversed(tl.alloc_indices):
-        if i >= oom.index:
-            continue
-        frames = raw[i].get("frames")
-        if not frames:
-            continue
-        hit = seen.get(id(frames))
-        if hit is None:
-            hit = seen[id(frames)] = tuple(frame_key(f) for f in frames if isinstance(f, dict)) == key
-        if not hit:
-            continue
-        size = raw[i].get("size", 0)
-        if not isinstance(size, int) or (sizes and size > sizes[-1]):
-            break  # going back in time, sizes may only shrink
-        sizes.append(size)
-    if len(sizes) < GROWING_RUN or len(set(sizes)) < GROWING_SIZES or req <= sizes[-1] or req < max(sizes):
+
+    def same_stack_sizes() -> Iterator[int]:
+        """Sizes of the allocations from the request's own stack before it, newest first."""
+        for i in reversed(tl.alloc_indices):
+            frames = raw[i].get("frames")
+            if i >= oom.index or not frames:
+                continue
+            hit = seen.get(id(frames))
+            if hit is None:
+                hit = seen[id(frames)] = tuple(frame_key(f) for f in frames if isinstance(f, dict)) == key
+            if hit:
+                size = raw[i].get("size", 0)
+                if not isinstance(size, int):
+                    return
+                yield size
+
+    sizes = growth_run(same_stack_sizes())
+    if not grew(sizes) or req <= sizes[-1] or req < max(sizes):
         return None
     return len(sizes), sizes[-1], req
 
@@ -1598,32 +1619,29 @@ def _replacing(
         per_gap = [bisect_left(at, c) - bisect_right(at, a) for a, c in gaps]
         if max(per_gap) > 2:
             continue
-        start = 0
-        if sum(1 for n in per_gap if n) < REPLACED_SHARE * len(gaps):
-            start = next((j for j, n in enumerate(per_gap) if n), len(per_gap))
-            tail = per_gap[start:]
-            if len(tail) < 3 or sum(1 for n in tail if n) < TURNOVER_SHARE * len(tail):
-                continue
+        throughout = sum(1 for n in per_gap if n) >= REPLACED_SHARE * len(gaps)
+        start = 0 if throughout else next((j for j, n in enumerate(per_gap) if n), len(per_gap))
         tail = per_gap[start:]
+        hits = sum(1 for n in tail if n)
+        if not throughout and (len(tail) < 3 or hits < TURNOVER_SHARE * len(tail)):
+            continue
         made = sum(s for i in firsts[start + 1 :] if isinstance(s := tl.raw[i].get("size", 0), int))
         freed = sum(sz for i, sz in frees if firsts[start] <= i <= firsts[-1])
         if made / 3 <= freed <= 3 * made:
-            return key, sum(1 for n in tail if n), len(tail)
+            return key, hits, len(tail)
     return None
 
 
-def _call_between(tl: DeviceTimeline, call_of: dict[int, CallId], ev: Evidence, a: int, c: int) -> bool:
+def _call_between(tl: DeviceTimeline, call_of: dict[int, CallId], order: list[int], a: int, c: int) -> bool:
     """Whether a whole call of the model came and went between two blocks made outside it, at entries a
     and c: an evaluation or inference loop run without gradients, whose forward passes free what they
     allocate as they go, swings by one layer's temporaries, far less than a training step, but each of its
-    iterations is one call of the model. The call began after ``a``, ended before ``c``, and gave back
+    iterations is one call of the model (``order``: the entries ``call_of`` holds, sorted). The call began
+    after ``a``, ended before ``c``, and gave back
     what it allocated: far more came and went in between than the block at ``a`` (4x), and live memory
     grew by no more than a quarter of that block (a training step that keeps its graph keeps more)."""
     if call_of.get(a) is not None or call_of.get(c) is not None or c - a < 3:
         return False
-    order = ev.calls_order_by_device.get(tl.device)
-    if order is None:
-        order = ev.calls_order_by_device[tl.device] = sorted(call_of)
     j = bisect_right(order, a)
     if j >= len(order) or order[j] >= c:
         return False  # no allocation of the model between them
@@ -1833,14 +1851,14 @@ def aligned_step(ev: Evidence) -> AlignedStep | None:
 
     # allocation by allocation; a few the failing step made and the earlier did not (a cache's miss: a mask
     # for a length not seen before) are taken as they are, not scaled
-    m = extra = 0
+    m = extra_bytes = 0
     inserted = 0
     for b in mine:
         if m < len(earlier) and stack(raw[earlier[m]].get("frames")) == stack(raw[b].get("frames")):
             m += 1
             continue
         size = raw[b].get("size", 0)
-        extra += size if isinstance(size, int) else 0
+        extra_bytes += size if isinstance(size, int) else 0
         inserted += 1
     if inserted > max(ALIGN_MAX_EXTRA, len(mine) // 10) or len(earlier) <= m:
         return None
@@ -1856,7 +1874,7 @@ def aligned_step(ev: Evidence) -> AlignedStep | None:
     # the earlier step ended before the failing call began: its growth came back down
     if tl.min_level_between(earlier[-1], f0) - e_start > 0.5 * (e_peak - e_start):
         return None
-    ratio = (needed - extra - f_start) / e_grown
+    ratio = (needed - extra_bytes - f_start) / e_grown
     if ratio <= 0:
         return None
     got = AlignedStep(
@@ -1865,8 +1883,8 @@ def aligned_step(ev: Evidence) -> AlignedStep | None:
         ratio=ratio,
         earlier_peak=e_peak,
         start=f_start,
-        predicted=f_start + extra + round(ratio * (e_peak - e_start)),
-        extra=inserted,
+        predicted=f_start + extra_bytes + round(ratio * (e_peak - e_start)),
+        unmatched=inserted,
     )
     ev.aligned = got
     return got
