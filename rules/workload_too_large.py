@@ -503,6 +503,18 @@ def evaluate(ev: Evidence) -> Finding | None:
             "the job was meant to fit in it decides between shrinking the job and asking for more."
         )
         f.score = min(f.score, LEAD)
+    if (
+        ev.request_beyond_device
+        and not slice_name
+        and (promised is None or promised < (ev.request_bytes or 0))
+    ):
+        f.facts.append(
+            f"The one allocation it asked for, {human(ev.request_bytes or 0)}, is larger than the whole device "
+            f"({human(max(ev.total_bytes or 0, ev.named_total_bytes or 0))}): nothing held beside it, kept, "
+            "a neighbour's or cached, could have made room. A tensor this size is the step's own (a batch, a "
+            "sequence or a shape far larger than meant)."
+        )
+        f.score = max(f.score, STRONG - 0.05)
     if f.score <= CANDIDATE:
         f.missing.append(
             "live memory per step (the collector's step samples): a leak grows across steps, a too-large batch does not"

@@ -602,6 +602,15 @@ class Evidence:
         return self.allocated_bytes + self.request_bytes
 
     @property
+    def request_beyond_device(self) -> bool:
+        """The one allocation that failed is larger than the whole device (its physical size): nothing a
+        leak, a neighbour or the cache's layout held could have made room for it."""
+        physical = max(self.total_bytes or 0, self.named_total_bytes or 0)
+        return bool(
+            self.is_cuda_oom and physical and self.request_bytes is not None and self.request_bytes > physical
+        )
+
+    @property
     def promised_bytes(self) -> int | None:
         """Memory the job was promised when a platform limit sits below it (declared GPU, MIG, cap, vGPU)."""
         limited = self.limit_bytes

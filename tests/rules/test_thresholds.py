@@ -566,3 +566,36 @@ def test_a_message_with_more_free_in_the_reservation_than_the_request_does_not_p
     assert ev.trend is not None and ev.trend.growth_bytes < (1 << 30)
     assert d.verdict == "inconclusive", d.headline
     assert {"workload_too_large", "fragmentation"} <= set(d.candidates)
+
+
+BEYOND = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {req}. GPU 0 has a total capacity of "
+    "{total} of which 3.69 GiB is free. Including non-PyTorch memory, this process has 6.68 GiB memory in "
+    "use. Of the allocated memory 6.10 GiB is allocated by PyTorch, and 396.58 MiB is reserved by PyTorch "
+    "but unallocated.\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("req", "total", "verdict"),
+    [
+        ("30.29 GiB", "10.74 GiB", "workload_too_large"),  # one tensor three times the device
+        ("10.80 GiB", "10.74 GiB", "workload_too_large"),  # just beyond it
+        ("6.20 GiB", "10.74 GiB", "inconclusive"),  # fits the device: what else was held decides
+        ("30.29 GiB", "19.50 GiB", "inconclusive"),  # a MIG 2g.20gb-sized device: was a bigger one promised?
+    ],
+)
+def test_a_request_larger_than_the_whole_device_is_the_steps_own(req: str, total: str, verdict: str) -> None:
+    """No leak, neighbour or cached hole can make room for one allocation larger than the whole device:
+    the step asked for a tensor that cannot exist there. A device the size of a MIG slice leaves open
+    whether the job was promised a whole GPU."""
+    from triage.pipeline import diagnose_text
+
+    d, ev = diagnose_text(BEYOND.format(req=req, total=total))
+    assert d.verdict == verdict, d.headline
+    if verdict == "workload_too_large":
+        assert ev.request_beyond_device
+        assert "tensor_leak" not in d.candidates and d.confidence >= 0.6
+        assert any("larger than the whole device" in e.fact for e in d.evidence)
+    else:
+        assert "workload_too_large" in d.candidates
