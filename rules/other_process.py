@@ -101,6 +101,14 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.values["non_pytorch_bytes"] = ev.non_pytorch_bytes
         f.missing.append("the NVML process list with pids (the collector records it)")
         f.score = POSSIBLE if ev.non_pytorch_bytes + free >= req else CANDIDATE
+    elif ev.outside_allocator and not ev.processes:
+        f.facts.append(
+            f"The CUDA error came while the allocator held {human(ev.reserved_bytes or 0)} of "
+            f"{human(ev.limit_bytes or 0)}, and the device's processes are not known: another process may "
+            "have held the rest."
+        )
+        f.missing.append("the NVML process list with pids (the collector records it)")
+        f.score = CANDIDATE
     elif ev.device_unseen and (ev.device_free_bytes is None or ev.device_free_bytes < req):
         f.facts.append(
             "The device's other processes are unknown (this input has no OOM message or NVML list): one "

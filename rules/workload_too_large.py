@@ -327,7 +327,11 @@ def evaluate(ev: Evidence) -> Finding | None:
         )
         f.values.update({"needed_bytes": needed, "usable_bytes": usable})
     if early:
-        f.facts.append(f"It failed at step {ev.step}: nothing had time to accumulate.")
+        f.facts.append(
+            f"It failed in the model's setup ({ev.setup_call}), before the first step: nothing had time to accumulate."
+            if ev.setup_call
+            else f"It failed at step {ev.step}: nothing had time to accumulate."
+        )
         f.score = LIKELY
     elif flat and trend is not None:
         if trend.plateaued:
@@ -338,7 +342,12 @@ def evaluate(ev: Evidence) -> Finding | None:
         else:
             f.facts.append(f"Live memory after each step did not grow over {trend.steps} steps.")
         f.score = LIKELY
-    elif (ev.has_trace or trend is not None) and not any(s.cycles >= 3 for s in ev.survivors):
+    elif (
+        (ev.has_trace or trend is not None)
+        and not any(s.cycles >= 3 for s in ev.survivors)
+        and not (trend is not None and trend.steps >= 3 and trend.growth_bytes > 0 and trend.never_falls)
+    ):
+        # the history could have shown growth and did not
         f.score = POSSIBLE
         if needed is not None and usable is not None and needed > usable:
             # the history could have shown a leak and did not; the step wants more than all it could get
@@ -503,6 +512,14 @@ def evaluate(ev: Evidence) -> Finding | None:
             "the job was meant to fit in it decides between shrinking the job and asking for more."
         )
         f.score = min(f.score, LEAD)
+    if ev.outside_allocator:
+        f.facts.append(
+            f"The failure was a CUDA error, not the caching allocator's: it held {human(ev.reserved_bytes or 0)} "
+            f"of the {human(ev.limit_bytes or 0)} the job may use. What filled the device (a library's "
+            "workspace, NCCL buffers, another process) is outside its figures."
+        )
+        f.missing.append("the device's process list (NVML) and what else in the process allocates on the GPU")
+        f.score = min(f.score, CANDIDATE)
     if (
         ev.request_beyond_device
         and not slice_name

@@ -468,6 +468,8 @@ class Evidence:
     exit_code: int | None = None
     other_killer: str | None = None  # a line naming another sender of SIGKILL (timeout, liveness probe, …)
     launcher_pids: set[int] = field(default_factory=set)  # the job's workers, from its launcher's lines
+    earlier_attempt_pids: set[int] = field(default_factory=set)  # workers of attempts before a restart
+    setup_call: str | None = None  # the model-setup frame a log's OOM came under, before any training step
     root_rank: int | None = None  # torchrun's "Root Cause (first observed failure)" rank
     survived_oom: str | None = None  # a log's CUDA OOM the job went on after (it did not end the job)
     contract_violations: list[Any] = field(default_factory=list)
@@ -602,6 +604,21 @@ class Evidence:
         return self.allocated_bytes + self.request_bytes
 
     @property
+    def outside_allocator(self) -> bool:
+        """The OOM came from a CUDA call outside the caching allocator (``CUDA error: out of memory``: a
+        library's workspace, NCCL, a kernel launch) while the allocator held well under the device: what
+        filled the device is not in the allocator's figures."""
+        m = self.message
+        limit = self.limit_bytes
+        return bool(
+            m is not None
+            and m.format == "cuda-error"
+            and self.reserved_bytes is not None
+            and limit
+            and self.reserved_bytes < 0.9 * limit
+        )
+
+    @property
     def request_beyond_device(self) -> bool:
         """The one allocation that failed is larger than the whole device (its physical size): nothing a
         leak, a neighbour or the cache's layout held could have made room for it."""
@@ -693,6 +710,12 @@ def build_evidence(
                     if t is text:
                         from_log.add(id(m))
     _pick_message(ev)
+    if text and ev.message is not None and id(ev.message) in from_log:
+        ev.earlier_attempt_pids = _earlier_attempt_pids(text, ev.message.line_no)
+        if _get(b, "workload", "step") is None:
+            from triage.messages import setup_frame
+
+            ev.setup_call = setup_frame(text, ev.message.line_no, ev.message.rank)
     _kind(ev)
     if text and snapshot is None and not _get(b, "kind"):
         _went_on(ev, text, from_log)
@@ -700,6 +723,12 @@ def build_evidence(
     _snapshot_facts(ev)
     _processes(ev)
     _workload(ev, batch_size)
+    if ev.setup_call is not None and ev.step is None:
+        ev.step = 0  # nothing had run yet: what the first step would have been
+        ev.notes.append(
+            f"The OOM came while the model was being set up ({ev.setup_call}), before the log shows any "
+            "training step."
+        )
     if text and ev.trend is None and not ev.steps:
         _log_samples(ev, text, from_log)
     if ev.trend is None and not ev.has_frames:
@@ -711,6 +740,31 @@ def build_evidence(
         _kept_calls(ev)
     _contract(ev)
     return ev
+
+
+def _earlier_attempt_pids(text: str, line_no: int | None) -> set[int]:
+    """Pids the launcher named for the job's workers before its last restart ahead of line ``line_no``
+    (1-based) and never after it: the workers of an earlier attempt. One still on the GPU outlived it."""
+    from triage.messages import restart_offsets
+
+    end = len(text)
+    if line_no is not None:
+        end = 0
+        for _ in range(line_no):
+            nxt = text.find("\n", end)
+            if nxt < 0:
+                end = len(text)
+                break
+            end = nxt + 1
+    restarts = [o for o in restart_offsets(text) if o < end]
+    if not restarts:
+        return set()
+    cut = restarts[-1]
+
+    def pids(part: str) -> set[int]:
+        return {int(g) for m in _RE_LAUNCHER_PID.finditer(part) for g in m.groups() if g is not None}
+
+    return pids(text[:cut]) - pids(text[cut:])
 
 
 def _pick_message(ev: Evidence) -> None:
@@ -1109,7 +1163,12 @@ def _processes(ev: Evidence) -> None:
     elif m is not None and m.processes:
         for pu in m.processes:
             own = pu.this_process or (pu.pid is not None and pu.pid in ev.own_pids)
-            if not own and pu.pid is not None and pu.pid in ev.launcher_pids:
+            if not own and pu.pid is not None and pu.pid in ev.earlier_attempt_pids:
+                ev.notes.append(
+                    f"Process {pu.pid} ({human(pu.used_bytes)} on this GPU) was one of the job's workers before "
+                    "the launcher restarted them: it outlived its attempt and still holds the memory."
+                )
+            elif not own and pu.pid is not None and pu.pid in ev.launcher_pids:
                 # another rank of this job on the same GPU: not a neighbour, the job's own placement
                 own = True
                 ev.notes.append(

@@ -964,6 +964,13 @@ def memory_samples(text: str, rank: int | None = None, until: int | None = None)
             if m:
                 step = int(m.group(1))
                 break
+        if step is not None and j == i and out and step == out[-1]["step"]:
+            # the same step printed again, by another rank (ranks without a prefix) or another logger:
+            # one sample, the largest (the rank nearest its limit)
+            last = out[-1]
+            last["allocated_bytes"] = max(last["allocated_bytes"], sample["allocated_bytes"])
+            last["peak_allocated_bytes"] = max(last["peak_allocated_bytes"], sample["peak_allocated_bytes"])
+            continue
         if step is None or (out and step <= out[-1]["step"]):
             step = out[-1]["step"] + 1 if out else 0  # unnumbered or repeated: in the order printed
         sample["step"] = step
@@ -1030,6 +1037,57 @@ _RE_SUMMARY_RANK = re.compile(r"(?<![\w])rank\s{0,20}: (\d{1,7}) \(local_rank: (
 _RE_SUMMARY_HEAD = re.compile(r"^\s{0,8}\[\d{1,7}\]:\s*$")
 _RE_RULE = re.compile(r"(?:={20,}|-{20,})\s*$")
 _RE_RESTART = re.compile(r"will restart worker group|[Rr]estarting worker group|Restarting workers")
+
+
+# A frame of model setup in a traceback: moving the model to the device, wrapping it for data parallel,
+# loading weights. An OOM under one of these, with no training progress printed before it, came before
+# the first step.
+_RE_SETUP_FRAME = re.compile(
+    r'File "[^"]{0,300}?(?:'
+    r'nn/parallel/distributed\.py", line \d+, in __init__'
+    r'|fully_sharded_data_parallel\.py", line \d+, in __init__'
+    r'|nn/modules/module\.py", line \d+, in (?:_apply|to|cuda)'
+    r'|deepspeed/__init__\.py", line \d+, in initialize'
+    r'|accelerate/accelerator\.py", line \d+, in prepare(?:_model)?'
+    r'|", line \d+, in (?:from_pretrained|load_state_dict)'
+    r")\b"
+)
+_RE_TRACEBACK_HEAD = re.compile(r"Traceback \(most recent call last\)")
+_SETUP_LOOKBACK = 400  # lines above an OOM searched for its traceback
+
+
+def setup_frame(text: str, line_no: int | None, rank: int | None = None) -> str | None:
+    """The model-setup frame (``distributed.py in __init__`` …) in the traceback that ends at line
+    ``line_no`` (1-based) of ``rank`` (or of unprefixed lines), when no training progress was printed
+    before it; else None."""
+    if line_no is None:
+        return None
+    lines = text.split("\n")
+    found: str | None = None
+    i = min(line_no, len(lines)) - 2
+    stop = max(-1, line_no - 2 - _SETUP_LOOKBACK)
+    while i > stop:
+        ln = _strip_line(lines[i])
+        if rank is None or ln.g is None or ln.g == rank:
+            if found is None:
+                m = _RE_SETUP_FRAME.search(ln.content)
+                if m:
+                    found = m.group(0).rsplit("/", 1)[-1].replace('", line ', ":").replace(", in ", " in ")
+            if _RE_TRACEBACK_HEAD.search(ln.content):
+                break
+        i -= 1
+    if found is None:
+        return None
+    for raw in lines[: max(0, i)]:
+        ln = _strip_line(raw)
+        if (rank is None or ln.g is None or ln.g == rank) and _RE_PROGRESS.search(ln.content):
+            return None
+    return found
+
+
+def restart_offsets(text: str) -> list[int]:
+    """Offsets in ``text`` where a launcher restarts its worker group (a new attempt begins)."""
+    return [m.start() for m in _RE_RESTART.finditer(text)]
 
 
 class _Parser:
