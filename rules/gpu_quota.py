@@ -55,6 +55,20 @@ def evaluate(ev: Evidence) -> Finding | None:
             f.score = POSSIBLE
         if needed is not None and total and needed > total:
             f.score = CANDIDATE
+        declared = ev.declared_total_bytes
+        split = ev.own_others_bytes
+        if cap and declared and declared <= cap * 1.05:
+            f.facts.append(f"The job was declared for {human(declared)}: the cap is the share it asked for.")
+            f.score = CANDIDATE
+        elif cap and total and split >= 0.8 * (total - cap):
+            f.facts.append(
+                f"The job's own other processes hold {human(split)} of the same GPU: the cap looks like the job "
+                "dividing its GPU between its processes, not a platform limit."
+            )
+            f.missing.append(
+                "who set the memory fraction (the platform's injected settings or the job's code)"
+            )
+            f.score = min(f.score, LEAD)
         f.actions.append(
             "Raise or remove the memory fraction cap for this job (the platform wrapper or "
             "torch.cuda.set_per_process_memory_fraction), or request a whole GPU."
@@ -111,6 +125,10 @@ def evaluate(ev: Evidence) -> Finding | None:
                 "the device's product name and the vGPU memory the job requested (nvidia.com/gpumem)"
             )
             f.score = max(f.score, LIKELY if needed is None or needed >= 0.9 * limit else POSSIBLE)
+        declared = ev.declared_total_bytes
+        if declared and declared <= limit * 1.05:
+            f.facts.append(f"The job was declared for {human(declared)}: the share is the size it asked for.")
+            f.score = CANDIDATE
         f.values["vgpu_limit_bytes"] = limit
         f.actions.append("Raise the job's vGPU memory quota (e.g. nvidia.com/gpumem) or give it a whole GPU.")
     slice_name = ev.slice_sized

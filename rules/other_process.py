@@ -87,6 +87,12 @@ def evaluate(ev: Evidence) -> Finding | None:
             f.missing.append(
                 "the job's own pids (the collector records them) to tell the job from its neighbours"
             )
+        if ev.hit_own_limit:
+            f.facts.append(
+                f"The job ran into its own limit ({human(ev.limit_bytes or 0)}, a share of the GPU): what other "
+                "processes held beyond that share did not decide."
+            )
+            f.score = min(f.score, CANDIDATE)
         if ev.total_bytes and ev.needed_bytes is not None and ev.needed_bytes > ev.total_bytes - OWN_CONTEXT:
             # the job alone needs the whole device: the neighbour is not what decided it
             f.facts.append(

@@ -440,6 +440,7 @@ class Evidence:
     expandable_segments: bool | None = None
     alloc_conf: str = ""
     own_pids: set[int] = field(default_factory=set)
+    pid: int | None = None  # the failing process (the collector's)
     processes: list[Process] = field(default_factory=list)
     own_process_identified: bool = False
     other_process_bytes: int = 0
@@ -628,11 +629,41 @@ class Evidence:
         )
 
     @property
+    def own_others_bytes(self) -> int:
+        """GPU memory the job's other processes hold on this device (its own pids, not the one that failed:
+        an evaluation server, a second rank, DataLoader workers that touched CUDA)."""
+        if self.pid is None:
+            return 0
+        return sum(
+            p.used_bytes
+            for p in self.processes
+            if p.pid is not None and p.pid in self.own_pids and p.pid != self.pid
+        )
+
+    @property
+    def hit_own_limit(self) -> bool:
+        """The job hit a limit of its own below the device (a fraction cap, a vGPU share): what it held plus
+        the request was over that limit, so what other processes held beyond it did not decide."""
+        limit = self.limit_bytes
+        physical = max(self.total_bytes or 0, self.named_total_bytes or 0)
+        if self.vgpu_limit_bytes:
+            return True  # the layer accounts each container's share apart
+        if not limit or not physical or limit >= physical * 0.98:
+            return False
+        if self.fraction_rejected:
+            return True
+        if self.reserved_bytes is None or self.request_bytes is None:
+            return False
+        return self.reserved_bytes + (self.request_rounded_bytes or self.request_bytes) > limit
+
+    @property
     def promised_bytes(self) -> int | None:
         """Memory the job was promised when a platform limit sits below it (declared GPU, MIG, cap, vGPU)."""
         limited = self.limit_bytes
         if self.declared_total_bytes and limited and self.declared_total_bytes > limited * 1.05:
             return self.declared_total_bytes
+        if self.declared_total_bytes and limited:
+            return None  # it runs in what it was declared for
         physical = max(self.total_bytes or 0, self.named_total_bytes or 0)
         if physical and limited and limited < physical * 0.98:
             return physical  # a fraction cap or a vGPU limit below the device (a hooked total: its name's)
@@ -1148,6 +1179,7 @@ def _processes(ev: Evidence) -> None:
     pid = _int(wl.get("pid")) if isinstance(wl, dict) else None
     if pid is not None:
         ev.own_pids.add(pid)
+        ev.pid = pid
     nvml = _get(b, "device", "processes")
     unknown: list[Process] = []  # NVML reports N/A (pynvml: None) for some processes' usage
     if isinstance(nvml, list) and nvml:
