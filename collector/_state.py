@@ -38,6 +38,8 @@ class State:
         self.leading_dim_batch_size: int | None = None
         self.batch_code: tuple[str, str, int] | None = None  # the function whose locals gave it
         self.dataloader_workers: int | None = None
+        # who called set_per_process_memory_fraction: {"fraction", "device", "filename", "line", "function"}
+        self.fraction_set_by: dict[str, Any] | None = None
         self.timeline: deque[Sample] = deque(maxlen=4096)
         self.peak_reset = False
         # OOM observer events: dicts with device, alloc_size, device_total_or_cap, device_free, time, mono, calls

@@ -47,6 +47,43 @@ def arm(torch: Any, st: State) -> None:
         torch.cuda._lazy_call(_on_cuda_init)
     except Exception as exc:
         _log.debug(f"could not queue the CUDA setup: {type(exc).__name__}: {exc}")
+    _wrap_fraction_setter(torch)
+
+
+def _wrap_fraction_setter(torch: Any) -> None:
+    """Note who calls ``set_per_process_memory_fraction`` (the job's code or a platform wrapper): a cap
+    the job set on itself is its own limit, not the platform's. The call itself is unchanged."""
+    cuda = getattr(torch, "cuda", None)
+    original = getattr(cuda, "set_per_process_memory_fraction", None)
+    if not callable(original) or getattr(original, "_oom_triage_wrapped", False):
+        return
+
+    def set_per_process_memory_fraction(fraction: float, device: Any = None) -> Any:
+        _note_fraction_caller(fraction, device, sys._getframe(1))
+        return original(fraction, device)
+
+    set_per_process_memory_fraction.__doc__ = original.__doc__
+    set_per_process_memory_fraction._oom_triage_wrapped = True  # type: ignore[attr-defined]
+    for mod in (cuda, getattr(cuda, "memory", None)):
+        if mod is not None and getattr(mod, "set_per_process_memory_fraction", None) is original:
+            mod.set_per_process_memory_fraction = set_per_process_memory_fraction
+
+
+def _note_fraction_caller(fraction: Any, device: Any, frame: Any) -> None:
+    try:
+        st = STATE
+        if not st.active:
+            return
+        dev = getattr(device, "index", device)
+        st.fraction_set_by = {
+            "fraction": float(fraction),
+            "device": int(dev) if isinstance(dev, int) else None,
+            "filename": frame.f_code.co_filename,
+            "line": int(frame.f_lineno),
+            "function": frame.f_code.co_name,
+        }
+    except Exception:
+        pass
 
 
 def _on_cuda_init() -> None:
@@ -341,6 +378,9 @@ def device_facts(torch: Any, index: int | None) -> tuple[dict[str, Any], dict[st
         alloc["fraction"] = frac
         if frac < 1.0 and dev.get("total_bytes"):
             alloc["fraction_cap_bytes"] = int(frac * dev["total_bytes"])
+        by = STATE.fraction_set_by
+        if frac < 1.0 and by is not None and by.get("device") in (None, idx):
+            alloc["fraction_set_by"] = dict(by)
     except Exception:
         pass
     return dev, alloc

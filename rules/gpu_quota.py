@@ -57,7 +57,12 @@ def evaluate(ev: Evidence) -> Finding | None:
             f.score = CANDIDATE
         declared = ev.declared_total_bytes
         split = ev.own_others_bytes
-        if cap and declared and declared <= cap * 1.05:
+        if ev.cap_set_by_job:
+            f.facts.append(
+                f"The job's own code set the cap ({ev.cap_set_by_job}): the limit is the job's, not the platform's."
+            )
+            f.score = CANDIDATE
+        elif cap and declared and declared <= cap * 1.05:
             f.facts.append(f"The job was declared for {human(declared)}: the cap is the share it asked for.")
             f.score = CANDIDATE
         elif cap and total and split >= 0.8 * (total - cap):

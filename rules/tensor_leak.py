@@ -46,11 +46,10 @@ from rules.base import CANDIDATE, LEAD, LIKELY, STRONG, Finding
 from triage.evidence import (
     LATE_RISES,
     accumulating_site,
-    allocs_by_site,
-    grew,
-    growth_run,
     kept_graphs,
     live_under_calls,
+    regrown_across_calls,
+    regrown_blocks,
     trace_cycles,
     turning_window,
 )
@@ -254,25 +253,18 @@ def _lead_by_regrowth(ev: Evidence, f: Finding) -> None:
     trend, tl = ev.trend, ev.oom_timeline
     if trend is None or tl is None or trend.growth_bytes <= 0:
         return
-    best: tuple[int, SiteStats, int, int, int] | None = None
-    made = allocs_by_site(ev)
-    for st in ev.sites:
-        if st.site.kind != "user" or st.count > 2 or not st.traced:
-            continue
-        sizes = [s for i in made.get((tl.device, st.site), []) if isinstance(s := tl.raw[i].get("size"), int)]
-        run = growth_run(reversed(sizes))  # newest first
-        if not grew(run) or st.bytes < 0.9 * run[0]:
-            continue
-        if st.bytes >= 0.5 * trend.growth_bytes and (best is None or st.bytes > best[0]):
-            best = (st.bytes, st, len(run), run[-1], run[0])
+    best: tuple[SiteStats, list[int]] | None = None
+    for st, idx in regrown_blocks(ev):
+        if st.bytes >= 0.5 * trend.growth_bytes and (best is None or st.bytes > best[0].bytes):
+            best = (st, idx)
     if best is None:
         return
-    _, st, n, first, last = best
+    st, idx = best
     f.leak_site = st.site.to_dict()
     f.facts.append(
-        f"One block at {st.site.label} was re-made larger {n} times in the trace ({human(first)} → "
-        f"{human(last)}), each freeing the one before: a tensor concatenated onto itself "
-        "(`buf = torch.cat([buf, new])`) and never trimmed."
+        f"One block at {st.site.label} was re-made larger {len(idx)} times in the trace "
+        f"({human(tl.raw[idx[0]]['size'])} → {human(tl.raw[idx[-1]]['size'])}), each freeing the one before: "
+        "a tensor concatenated onto itself (`buf = torch.cat([buf, new])`) and never trimmed."
     )
 
 
@@ -583,7 +575,23 @@ def evaluate(ev: Evidence) -> Finding | None:
             return None  # kept tensors cannot make one request larger than the device
         f.score = CANDIDATE
         adding = accumulating_site(ev)
-        if adding is not None:
+        regrown = regrown_across_calls(ev)
+        if regrown is not None:
+            st, n, smallest, largest, passes = regrown
+            f.facts.append(
+                f"One block at {st.site.label} was re-made larger {n} times in the trace ({human(smallest)} → "
+                f"{human(largest)}), each freeing the one before, with a whole pass through the model between "
+                f"re-makes {passes} times: a tensor concatenated onto itself from call to call "
+                f"(`buf = torch.cat([buf, new])`) and never trimmed. It holds {human(st.bytes)} of the "
+                f"{human(ev.allocated_bytes or 0)} live at the OOM."
+            )
+            f.leak_site = st.site.to_dict()
+            f.score = LIKELY
+            f.actions.append(
+                f"At {st.site.label}: bound what is concatenated (keep the last N, or move it to the CPU with "
+                "`.cpu()`), or collect the pieces in a list and concatenate once at the end."
+            )
+        elif adding is not None:
             st = adding.stats
             f.facts.append(
                 f"{st.count} blocks, {human(st.bytes)}, allocated at {st.site.label} are alive, "
@@ -604,7 +612,8 @@ def evaluate(ev: Evidence) -> Finding | None:
                 "live memory per step (the collector's step samples) or an allocator trace with stacks: "
                 "at the moment of failure a leak and a too-large batch look the same"
             )
-        return f
+        if regrown is None:
+            return f
 
     if graphs is not None and f.leak_site is not None:
         loc = graphs[0].call.label

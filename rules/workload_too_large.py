@@ -61,6 +61,7 @@ from triage.evidence import (
     kept_graphs,
     live_under_calls,
     model_call,
+    regrown_across_calls,
 )
 from triage.units import GiB, human
 
@@ -346,6 +347,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         (ev.has_trace or trend is not None)
         and not any(s.cycles >= 3 for s in ev.survivors)
         and not (trend is not None and trend.steps >= 3 and trend.growth_bytes > 0 and trend.never_falls)
+        and regrown_across_calls(ev) is None
     ):
         # the history could have shown growth and did not
         f.score = POSSIBLE

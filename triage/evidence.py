@@ -441,6 +441,7 @@ class Evidence:
     alloc_conf: str = ""
     own_pids: set[int] = field(default_factory=set)
     pid: int | None = None  # the failing process (the collector's)
+    cap_set_by_job: str | None = None  # "train.py:12 in main": the job's own code set the fraction cap
     processes: list[Process] = field(default_factory=list)
     own_process_identified: bool = False
     other_process_bytes: int = 0
@@ -664,6 +665,8 @@ class Evidence:
             return self.declared_total_bytes
         if self.declared_total_bytes and limited:
             return None  # it runs in what it was declared for
+        if self.cap_set_by_job and limited == self.fraction_cap_bytes:
+            return None  # the job capped itself
         physical = max(self.total_bytes or 0, self.named_total_bytes or 0)
         if physical and limited and limited < physical * 0.98:
             return physical  # a fraction cap or a vGPU limit below the device (a hooked total: its name's)
@@ -920,6 +923,17 @@ def _device(ev: Evidence) -> None:
         cap = obs_cap
     ev.fraction_cap_bytes = cap
     ev.fraction_rejected = bool(m and m.fraction_rejected)
+    by = _get(b, "allocator", "fraction_set_by")
+    if (
+        cap
+        and isinstance(by, dict)
+        and isinstance(by.get("filename"), str)
+        and isinstance(by.get("line"), int)
+    ):
+        frame = {"filename": by["filename"], "line": by["line"], "name": str(by.get("function") or "")}
+        if ev.classifier.classify(frame)[1]:
+            name = by["filename"].replace("\\", "/").rsplit("/", 1)[-1]
+            ev.cap_set_by_job = f"{name}:{by['line']}" + (f" in {frame['name']}" if frame["name"] else "")
     if m is not None:
         ev.vgpu_limit_bytes = m.vgpu_limit_bytes
         ev.vgpu_used_bytes = m.vgpu_used_bytes
@@ -1490,6 +1504,74 @@ def growth_run(newest_first: Iterable[int]) -> list[int]:
 def grew(run: list[int]) -> bool:
     """Whether a ``growth_run`` is long and varied enough to be a tensor re-made larger at every call."""
     return len(run) >= GROWING_RUN and len(set(run)) >= GROWING_SIZES
+
+
+def regrown_blocks(ev: Evidence, min_run: int = GROWING_RUN) -> list[tuple[SiteStats, list[int]]]:
+    """User lines whose one live block is the latest of a run of ``min_run`` or more re-makes that only
+    grew, each freeing the one before (``buf = torch.cat([buf, new])``): (the line's live blocks, trace
+    indices of the run's allocations, oldest first)."""
+    tl = ev.oom_timeline
+    if tl is None:
+        return []
+    made = allocs_by_site(ev)
+    out: list[tuple[SiteStats, list[int]]] = []
+    for st in ev.sites:
+        if st.site.kind != "user" or st.count > 2 or not st.traced:
+            continue
+        sized = [
+            (i, s) for i in made.get((tl.device, st.site), []) if isinstance(s := tl.raw[i].get("size"), int)
+        ]
+        run = growth_run(s for _, s in reversed(sized))  # newest first
+        if len(run) >= min_run and len(set(run)) >= GROWING_SIZES and st.bytes >= 0.9 * run[0]:
+            out.append((st, [i for i, _ in sized[len(sized) - len(run) :]]))
+    return out
+
+
+REGROWN_CYCLES = 3  # passes through the model between a block's re-makes before it reads as kept across them
+REGROWN_SHARE = 0.25  # of live memory at the OOM
+
+
+def regrown_across_calls(ev: Evidence) -> tuple[SiteStats, int, int, int, int] | None:
+    """(the line's live blocks, re-makes, first size, last size, passes) for the largest block that was
+    re-made larger outside the model (its stack runs in no forward) with a whole pass through the model
+    between re-makes at least ``REGROWN_CYCLES`` times, and that holds ``REGROWN_SHARE`` of live memory or
+    more: a tensor concatenated onto itself from call to call and never trimmed (an embedding bank, every
+    prediction so far). A KV cache grown by ``torch.cat`` inside ``generate()`` runs in the forward."""
+    tl = ev.oom_timeline
+    if tl is None or not ev.allocated_bytes:
+        return None
+    raw = tl.raw
+    in_call: dict[int, bool] = {}  # by frames-list identity
+
+    def model_pass(a: int, c: int) -> bool:
+        """Whether a block made inside a forward between entries a and c was freed before c."""
+        made: set[Any] = set()
+        for e in raw[a + 1 : c]:
+            action = e.get("action")
+            if action == "alloc":
+                frames = e.get("frames")
+                if frames:
+                    hit = in_call.get(id(frames))
+                    if hit is None:
+                        hit = in_call[id(frames)] = model_call(ev.classifier, frames) is not None
+                    if hit:
+                        made.add(e.get("addr"))
+            elif action in ("free_requested", "free_completed") and e.get("addr") in made:
+                return True
+        return False
+
+    best: tuple[SiteStats, int, int, int, int] | None = None
+    for st, idx in regrown_blocks(ev, REGROWN_CYCLES + 1):
+        if st.bytes < REGROWN_SHARE * ev.allocated_bytes or (best is not None and st.bytes <= best[0].bytes):
+            continue
+        frames = raw[idx[-1]].get("frames") or []
+        if model_call(ev.classifier, frames) is not None:
+            continue
+        passes = sum(1 for a, c in itertools.pairwise(idx) if model_pass(a, c))
+        if passes >= REGROWN_CYCLES:
+            sizes = [raw[i]["size"] for i in idx]
+            best = (st, len(idx), sizes[0], sizes[-1], passes)
+    return best
 
 
 def growing_request(ev: Evidence) -> tuple[int, int, int] | None:

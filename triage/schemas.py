@@ -96,11 +96,22 @@ class OomObservation(_Part):
     device_free: Bytes | None = None
 
 
+class FractionSetBy(_Part):
+    """The ``set_per_process_memory_fraction`` call in effect: its arguments and its caller."""
+
+    fraction: float | None = None
+    device: int | None = None
+    filename: str | None = None
+    line: int | None = None
+    function: str | None = None
+
+
 class Allocator(_Part):
     memory_stats: dict[str, int | float] | None = None
     settings: dict[str, Any] | None = None
     fraction: float | None = None
     fraction_cap_bytes: Bytes | None = None
+    fraction_set_by: FractionSetBy | None = None
     observer: OomObservation | None = None
 
 

@@ -521,3 +521,47 @@ def test_a_pipe_reset_by_a_worker_killed_by_sigbus_is_shared_memory(monkeypatch:
     assert found is not None and found[0] == "host_oom"
     monkeypatch.setattr(_capture, "dead_workers", lambda _e: [])
     assert _capture.classify(exc, State()) is None  # an ordinary network error is not ours
+
+
+def test_the_caller_of_set_per_process_memory_fraction_is_noted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cap the job's code set on itself is its own limit, not the platform's: the collector wraps the
+    setter (under ``torch.cuda`` and ``torch.cuda.memory``, the same function), notes its caller's file and
+    line, passes the call through unchanged, and reports the caller beside the cap."""
+    import inspect
+    import types
+
+    calls: list[tuple[float, Any]] = []
+
+    def original(fraction: float, device: Any = None) -> None:
+        calls.append((fraction, device))
+
+    memory = types.SimpleNamespace(set_per_process_memory_fraction=original)
+    cuda = types.SimpleNamespace(
+        set_per_process_memory_fraction=original,
+        memory=memory,
+        get_per_process_memory_fraction=lambda idx: 0.4,
+        mem_get_info=lambda idx: (10 << 30, 80 << 30),
+    )
+    fake = types.SimpleNamespace(cuda=cuda)
+    st = State()
+    st.active = True
+    monkeypatch.setattr(_torch, "STATE", st)
+    _torch._wrap_fraction_setter(fake)
+    _torch._wrap_fraction_setter(fake)  # armed twice: wrapped once
+    assert cuda.set_per_process_memory_fraction is memory.set_per_process_memory_fraction
+    assert cuda.set_per_process_memory_fraction is not original
+    line = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]
+    fake.cuda.set_per_process_memory_fraction(0.4, 0)
+    assert calls == [(0.4, 0)]
+    assert st.fraction_set_by == {
+        "fraction": 0.4,
+        "device": 0,
+        "filename": __file__,
+        "line": line,
+        "function": "test_the_caller_of_set_per_process_memory_fraction_is_noted",
+    }
+    _, alloc = _torch.device_facts(fake, 0)
+    assert alloc["fraction"] == 0.4 and alloc["fraction_cap_bytes"] == int(0.4 * (80 << 30))
+    assert alloc["fraction_set_by"]["line"] == line
+    _, other = _torch.device_facts(fake, 1)  # a cap on device 0 says nothing of device 1's
+    assert "fraction_set_by" not in other

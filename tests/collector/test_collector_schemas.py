@@ -63,6 +63,7 @@ def test_every_name_in_the_doc_is_a_model_field() -> None:
         schemas.GpuProcess,
         schemas.Allocator,
         schemas.OomObservation,
+        schemas.FractionSetBy,
         schemas.TimelineSample,
         schemas.Host,
         schemas.DeadWorker,

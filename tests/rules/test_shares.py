@@ -108,3 +108,46 @@ def test_a_vgpu_share_the_job_asked_for_is_not_a_quota() -> None:
     ev.declared_total_bytes = 24 * GiB
     g = gpu_quota.evaluate(ev)
     assert g is not None and g.score >= LIKELY
+
+
+def _capped_bundle(set_by: str | None) -> dict[str, Any]:
+    msg = (
+        "CUDA out of memory. Tried to allocate 2.88 GiB. GPU 0 has a total capacity of 79.15 GiB of which "
+        "40.74 GiB is free. Including non-PyTorch memory, this process has 38.41 GiB memory in use. 39.58 GiB "
+        "allowed; Of the allocated memory 37.90 GiB is allocated by PyTorch, and 1.55 MiB is reserved by "
+        "PyTorch but unallocated."
+    )
+    alloc: dict[str, Any] = {"fraction": 0.5, "fraction_cap_bytes": 42493542400}
+    if set_by is not None:
+        alloc["fraction_set_by"] = {
+            "fraction": 0.5,
+            "device": 0,
+            "filename": set_by,
+            "line": 12,
+            "function": "main",
+        }
+    return {
+        "schema": "oom-triage/incident@1",
+        "incident_id": f"cap-{set_by}",
+        "occurred_at": "2026-11-30T08:00:00Z",
+        "kind": "cuda_oom",
+        "error": {"type": "torch.OutOfMemoryError", "message": msg},
+        "workload": {"step": 1, "batch_size": 15, "pid": 1, "pids": [1]},
+        "device": {"index": 0, "name": "NVIDIA A100-SXM4-80GB", "total_bytes": 84987084800},
+        "allocator": alloc,
+    }
+
+
+def test_a_cap_the_jobs_own_code_set_is_its_own_limit() -> None:
+    """The collector saw the job's train.py call set_per_process_memory_fraction: its own limit, so the
+    step is too large for what it allowed itself. Set from a library (a platform wrapper) or with no record
+    of the caller, the cap stays the platform's quota."""
+    from triage.pipeline import diagnose_bundle
+
+    own, ev = diagnose_bundle(_capped_bundle("/workspace/train.py"))
+    assert ev.cap_set_by_job == "train.py:12 in main"
+    assert own.verdict == "workload_too_large", own.headline
+    wrapper, ev2 = diagnose_bundle(_capped_bundle("/usr/lib/python3.11/site-packages/platform_gpu/share.py"))
+    assert ev2.cap_set_by_job is None and wrapper.verdict == "gpu_quota", wrapper.headline
+    unknown, _ = diagnose_bundle(_capped_bundle(None))
+    assert unknown.verdict == "gpu_quota", unknown.headline
