@@ -39,6 +39,7 @@ from triage.evidence import (
     accumulating_site,
     aligned_step,
     growing_request,
+    nothing_kept,
     turning_window,
 )
 from triage.units import human
@@ -180,21 +181,21 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.score = min(f.score, CANDIDATE)
     peaks = ev.earlier_peaks
     needed = ev.needed_bytes
-    if peaks and needed is not None:
+    beyond = aligned_step(ev)
+    usable = ev.usable_bytes
+    if beyond is not None and usable is not None and beyond.predicted > BEYOND_USABLE * usable:
+        f.facts.append(
+            f"Set beside the step before it (the same stacks, {beyond.ratio:.1f}x the memory so far), this "
+            f"step would have needed {human(beyond.predicted)} at its peak, more than the {human(usable)} "
+            "the job could hold: packed, it would still have failed."
+        )
+        f.score = min(f.score, CANDIDATE)
+    elif peaks and needed is not None:
         before, spread = max(peaks), max(peaks) - min(peaks)
         # the layout is proved guilty only for a demand the job had met before: far above the earlier
         # peaks, or above them by more than the earlier steps ever varied (a longer batch after steps of
         # one size) — the step is new, and whether it fits at all, packed or not, is not known
-        beyond = aligned_step(ev)
-        usable = ev.usable_bytes
-        if beyond is not None and usable is not None and beyond.predicted > BEYOND_USABLE * usable:
-            f.facts.append(
-                f"Set beside the step before it (the same stacks, {beyond.ratio:.1f}x the memory so far), this "
-                f"step would have needed {human(beyond.predicted)} at its peak, more than the {human(usable)} "
-                "the job could hold: packed, it would still have failed."
-            )
-            f.score = min(f.score, CANDIDATE)
-        elif needed > UNLIKE_EARLIER * before:
+        if needed > UNLIKE_EARLIER * before:
             f.facts.append(
                 f"At the OOM this step already wanted {human(needed)}, far more than the {human(before)} the "
                 "earlier steps peaked at: whether the step fits at all, packed or not, is not known."
@@ -236,7 +237,9 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.score = min(f.score, LEAD)
     # with stacks, a trace of a few steps in which no site's surviving blocks were made in different steps
     # shows what a leak would have kept meanwhile: nothing
-    watched = ev.has_frames and ev.trace_steps >= TRACE_MIN_CYCLES and not any(s.cycles for s in ev.survivors)
+    watched = (
+        ev.has_frames and ev.trace_steps >= TRACE_MIN_CYCLES and not any(s.cycles for s in ev.survivors)
+    ) or nothing_kept(ev)
     if (
         trend is None
         and len(ev.steps) < 2

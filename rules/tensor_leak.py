@@ -46,6 +46,7 @@ from rules.base import CANDIDATE, LEAD, LIKELY, STRONG, Finding
 from triage.evidence import (
     LATE_RISES,
     accumulating_site,
+    filling_site,
     kept_graphs,
     live_under_calls,
     regrown_across_calls,
@@ -604,6 +605,12 @@ def evaluate(ev: Evidence) -> Finding | None:
             )
             f.leak_site = st.site.to_dict()
             f.score = LEAD
+            if filling_site(ev) is adding:
+                f.facts.append(
+                    f"That is {st.bytes / (ev.allocated_bytes or 1):.0%} of the memory live at the OOM, "
+                    f"{st.count} blocks from one line: what filled the device."
+                )
+                f.score = LIKELY
         elif ev.has_trace and ev.has_frames:
             f.score = 0.15
             f.facts.append("No allocation site in the trace kept blocks alive across steps.")

@@ -55,12 +55,13 @@ from rules.base import (
 from triage.evidence import (
     CUDA_CONTEXT_MAX,
     LATE_RISES,
-    TRACE_MIN_CYCLES,
     aligned_step,
+    filling_site,
     frame_key,
     kept_graphs,
     live_under_calls,
     model_call,
+    nothing_kept,
     regrown_across_calls,
 )
 from triage.units import GiB, human
@@ -282,30 +283,6 @@ def _stranded(ev: Evidence, needed: int | None, usable: int | None) -> str | Non
     return None
 
 
-def _nothing_kept(ev: Evidence) -> bool:
-    """Without the step samples, whether the trace shows that nothing was kept that could have filled the
-    device instead of the step: stacks, no earlier forward passes still held (kept validation outputs), and
-    either several steps with no site's blocks surviving across them, or a trace from the start (nothing
-    live when it began: the model being loaded) that has seen no more than the first steps end (nothing
-    had time to leak).
-
-    The steps are the forward passes that came and went (calls of the model whose blocks were freed);
-    only when no call of a model shows in the stacks, the cycles of live memory, which a forward pass's
-    large temporaries can pass for, layer after layer."""
-    tl = ev.oom_timeline
-    if ev.trend is not None or tl is None or not ev.has_frames:
-        return False
-    if any(s.cycles for s in ev.survivors):
-        return False  # some line's blocks outlived a step: a leak too young to convict, but there
-    kc = ev.kept_calls
-    if kc is not None and kc.calls >= 2 and kc.more_than_before:
-        return False  # earlier calls held, more than the line ever held: maybe outputs kept
-    steps = ev.freed_calls if ev.freed_calls is not None else ev.trace_steps
-    if steps >= TRACE_MIN_CYCLES:
-        return True
-    return tl.start_allocated == 0 and steps <= (EARLY_STEPS if ev.freed_calls is not None else 1)
-
-
 def evaluate(ev: Evidence) -> Finding | None:
     if not ev.is_cuda_oom:
         return None
@@ -348,6 +325,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         and not any(s.cycles >= 3 for s in ev.survivors)
         and not (trend is not None and trend.steps >= 3 and trend.growth_bytes > 0 and trend.never_falls)
         and regrown_across_calls(ev) is None
+        and filling_site(ev) is None
     ):
         # the history could have shown growth and did not
         f.score = POSSIBLE
@@ -364,7 +342,7 @@ def evaluate(ev: Evidence) -> Finding | None:
             needed is not None
             and usable is not None
             and usable - needed < MIN_WASTE_FRACTION * usable
-            and _nothing_kept(ev)
+            and nothing_kept(ev)
         ):
             # within a sliver of all it could hold, the step still going: packing the cache would have put
             # the failure off by an allocation or two

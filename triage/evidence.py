@@ -1434,8 +1434,10 @@ def _survivors(ev: Evidence) -> None:
     orders: dict[int, list[int]] = {}  # entry indices of the model's allocations, per device
     olders: dict[int, dict[tuple[Any, Any, Any], list[tuple[int, int]]]] = {}
     for st in ev.sites:
-        if st.traced < 3 or st.site.kind in ("native", "unknown"):
-            continue  # blocks without a stack are not one site: their survival proves nothing together
+        if st.traced < (2 if st.count > st.traced else 3) or st.site.kind in ("native", "unknown"):
+            # blocks without a stack are not one site: their survival proves nothing together; two made
+            # in the trace beside older ones from the same line may be a site that keeps adding
+            continue
         dev = min(st.devices) if st.devices else 0
         tl = by_dev.get(dev)
         if tl is None or not tl.levels:
@@ -1504,6 +1506,33 @@ def growth_run(newest_first: Iterable[int]) -> list[int]:
 def grew(run: list[int]) -> bool:
     """Whether a ``growth_run`` is long and varied enough to be a tensor re-made larger at every call."""
     return len(run) >= GROWING_RUN and len(set(run)) >= GROWING_SIZES
+
+
+FIRST_STEPS = 2  # steps a trace from the model's load may have seen end with nothing yet able to leak
+
+
+def nothing_kept(ev: Evidence) -> bool:
+    """Without the step samples, whether the trace shows that nothing was kept that could have filled the
+    device instead of the step: stacks, no earlier forward passes still held (kept validation outputs), and
+    either several steps with no site's blocks surviving across them, or a trace from the start (nothing
+    live when it began: the model being loaded) that has seen no more than the first steps end (nothing
+    had time to leak).
+
+    The steps are the forward passes that came and went (calls of the model whose blocks were freed);
+    only when no call of a model shows in the stacks, the cycles of live memory, which a forward pass's
+    large temporaries can pass for, layer after layer."""
+    tl = ev.oom_timeline
+    if ev.trend is not None or tl is None or not ev.has_frames:
+        return False
+    if any(s.cycles for s in ev.survivors):
+        return False  # some line's blocks outlived a step: a leak too young to convict, but there
+    kc = ev.kept_calls
+    if kc is not None and kc.calls >= 2 and kc.more_than_before:
+        return False  # earlier calls held, more than the line ever held: maybe outputs kept
+    steps = ev.freed_calls if ev.freed_calls is not None else ev.trace_steps
+    if steps >= TRACE_MIN_CYCLES:
+        return True
+    return tl.start_allocated == 0 and steps <= (FIRST_STEPS if ev.freed_calls is not None else 1)
 
 
 def regrown_blocks(ev: Evidence, min_run: int = GROWING_RUN) -> list[tuple[SiteStats, list[int]]]:
@@ -1624,6 +1653,20 @@ def accumulating_site(ev: Evidence) -> Survivors | None:
         and s.stats.bytes >= ACCUMULATING_SHARE * ev.allocated_bytes
     ]
     return max(grown, key=lambda s: s.stats.bytes) if grown else None
+
+
+DOMINANT_SHARE = 0.5  # of live memory held by one line that keeps adding: what filled the device
+DOMINANT_COUNT = 8  # blocks it holds: added over many steps, not a few buffers
+
+
+def filling_site(ev: Evidence) -> Survivors | None:
+    """The ``accumulating_site`` when it holds ``DOMINANT_SHARE`` of live memory or more in
+    ``DOMINANT_COUNT`` blocks or more: added step after step, never let go, most of what the job held.
+    Whatever the job meant by it, it is what filled the device."""
+    sv = accumulating_site(ev)
+    if sv is None or sv.stats.count < DOMINANT_COUNT:
+        return None
+    return sv if sv.stats.bytes >= DOMINANT_SHARE * (ev.allocated_bytes or 0) else None
 
 
 WINDOW_GROWTH = 0.3  # of the earlier pace: growth per step since a window began turning over, at most

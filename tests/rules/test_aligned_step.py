@@ -200,8 +200,10 @@ def test_a_site_that_keeps_adding_is_a_lead_without_step_samples(older: int, lea
     d, _ = diagnose_snapshot(normalise(raw), message=message(raw))
     scores = {f["rule"]: f["score"] for f in d.details["findings"]}
     if lead:
-        assert scores["tensor_leak"] == 0.55 and scores.get("fragmentation", 0) <= 0.55
+        # the copies are most of what is live: the line that filled the device, likely the verdict
+        assert scores["tensor_leak"] == 0.7 and scores.get("fragmentation", 0) <= 0.55
         assert any("keeps adding" in e.fact for e in d.evidence)
-        assert d.verdict != "fragmentation"
+        assert any("what filled the device" in e.fact for e in d.evidence)
+        assert d.verdict == "tensor_leak" and d.leak_site is not None and d.leak_site["line"] == 128
     else:
         assert scores["tensor_leak"] < 0.55
