@@ -322,7 +322,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.score = LIKELY
     elif (
         (ev.has_trace or trend is not None)
-        and not any(s.cycles >= 3 for s in ev.survivors)
+        and not any(s.cycles >= 3 and not s.bounded for s in ev.survivors)
         and not (trend is not None and trend.steps >= 3 and trend.growth_bytes > 0 and trend.never_falls)
         and regrown_across_calls(ev) is None
         and filling_site(ev) is None

@@ -281,6 +281,12 @@ class Survivors:
         return self.cycles >= 1 and self.freed_at_site == 0 and self.stats.count > self.stats.traced
 
     @property
+    def bounded(self) -> bool:
+        """The trace shows the site's bound: it frees its oldest as it adds (a cache, a ``deque(maxlen=N)``),
+        or its new blocks replace older ones one for one."""
+        return self.evicted_like_a_cache or self.replacing is not None
+
+    @property
     def evicted_like_a_cache(self) -> bool:
         """A bounded cache frees its *oldest* entries: what was freed came before every survivor, and
         it is freed as new entries come in, while the survivors are alive. A leak that keeps every other

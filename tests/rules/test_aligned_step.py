@@ -207,3 +207,42 @@ def test_a_site_that_keeps_adding_is_a_lead_without_step_samples(older: int, lea
         assert d.verdict == "tensor_leak" and d.leak_site is not None and d.leak_site["line"] == 128
     else:
         assert scores["tensor_leak"] < 0.55
+
+
+@pytest.mark.parametrize("evict", [True, False])
+def test_a_bounded_window_beside_a_step_that_cannot_fit_does_not_hold_the_verdict_back(evict: bool) -> None:
+    """Each step keeps its hidden state in a ``deque(maxlen=4)`` (one 64 MiB block from the loop's line,
+    the oldest dropped as the fifth comes): survivors from many steps, but the trace shows their bound.
+    The longer step still cannot fit packed: too large. Kept without a bound, the same survivors are what
+    a leak looks like, and the step is not called too large."""
+    recent = [line(77, "<module>"), *MAIN]
+    t = Trace(0)
+    weights(t)
+    window: list[int] = []
+    for _ in range(6):
+        backward(t, forward(t, TRAIN_CALL, 128 * MiB))
+        window.append(t.alloc(64 * MiB, recent))
+        if evict and len(window) > 4:
+            t.free(window.pop(0))
+    t.alloc(16 * MiB, data(TRAIN_CALL))
+    for _ in range(4):
+        t.alloc(512 * MiB, under(TRAIN_CALL, 30))
+        t.free(t.alloc(1024 * MiB, under(TRAIN_CALL, 34)))
+    t.entries.append(
+        {
+            "action": "oom",
+            "addr": 0,
+            "size": 512 * MiB,
+            "stream": 0,
+            "device_free": 0,
+            "frames": under(TRAIN_CALL, 30),
+        }
+    )
+    raw = {"segments": t.segments(), "device_traces": [t.entries]}
+    d, ev = diagnose_snapshot(normalise(raw), message=message(raw))
+    kept = next(s for s in ev.survivors if s.site.line == 77)
+    assert kept.cycles >= 3 and kept.bounded == evict
+    if evict:
+        assert d.verdict == "workload_too_large", d.headline
+    else:
+        assert d.verdict != "workload_too_large", d.headline
