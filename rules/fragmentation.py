@@ -106,6 +106,9 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.facts.append(
             f"{human(ru)} was reserved by PyTorch but unallocated, more than the {human(req)} requested: "
             "cached memory in pieces too small to use."
+            if ru >= req
+            else f"{human(ru)} was reserved by PyTorch but unallocated and the device had {human(free)} free: "
+            f"together enough for the {human(req)} requested, but in no single piece."
         )
         f.missing.append(
             "a snapshot taken at the OOM (the largest free block decides whether the cached memory was usable)"

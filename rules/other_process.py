@@ -21,6 +21,8 @@ from triage.units import GiB, MiB, human
 if TYPE_CHECKING:
     from triage.evidence import Evidence
 
+HELD_ELSEWHERE = 0.5  # of the device in use outside the job's allocator, with no process lines to say whose
+
 ID = "other_process"
 VERDICT = "other_process"
 OWNER = "platform"
@@ -107,6 +109,14 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.values["non_pytorch_bytes"] = ev.non_pytorch_bytes
         f.missing.append("the NVML process list with pids (the collector records it)")
         f.score = POSSIBLE if ev.non_pytorch_bytes + free >= req else CANDIDATE
+        if f.score == POSSIBLE and ev.total_bytes and ev.non_pytorch_bytes >= HELD_ELSEWHERE * ev.total_bytes:
+            # half the device or more: no CUDA context, NCCL buffer or library workspace of this process is
+            # that large; only another framework in the same process (JAX, TensorFlow preallocating) would be
+            f.facts.append(
+                f"That is {ev.non_pytorch_bytes / ev.total_bytes:.0%} of the device: more than this process's own "
+                "context, communication buffers and library workspaces come to."
+            )
+            f.score = LIKELY
     elif ev.outside_allocator and not ev.processes:
         f.facts.append(
             f"The CUDA error came while the allocator held {human(ev.reserved_bytes or 0)} of "

@@ -599,3 +599,27 @@ def test_a_request_larger_than_the_whole_device_is_the_steps_own(req: str, total
         assert any("larger than the whole device" in e.fact for e in d.evidence)
     else:
         assert "workload_too_large" in d.candidates
+
+
+OLD_FORMAT = (
+    "RuntimeError: CUDA out of memory. Tried to allocate 216.00 MiB (GPU 0; 7.92 GiB total capacity; "
+    "{allocated} already allocated; {free} free; {reserved} reserved in total by PyTorch)\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("allocated", "reserved", "verdict"),
+    [("69.17 MiB", "86.00 MiB", "other_process"), ("3.90 GiB", "4.00 GiB", "inconclusive")],
+)
+def test_most_of_the_device_held_outside_the_job_with_no_process_lines(
+    allocated: str, reserved: str, verdict: str
+) -> None:
+    """A torch 1.x message has no process lines. With 86 MiB reserved by the job and 24 MiB free, 7.8 GiB
+    of the 7.9 GiB device is held outside its allocator: no context or library workspace of the job is that
+    large. With 4 GiB reserved, the 3.9 GiB held elsewhere (under half) could still be the job's own (NCCL buffers, a
+    second framework in the process)."""
+    from triage.pipeline import diagnose_text
+
+    d, _ = diagnose_text(OLD_FORMAT.format(allocated=allocated, reserved=reserved, free="24.56 MiB"))
+    assert d.verdict == verdict, d.headline
+    assert "other_process" in d.candidates
