@@ -217,11 +217,13 @@ class StepTrend:
 
     @property
     def staircase(self) -> bool:
-        """Rises now and then, never falls, and rises in every third of the run: what is kept at every
+        """Rises now and then, never falls (but by a sliver), and rises in every third of the run: what is kept at every
         evaluation or logging step. Growth, however few of the steps show it. (A cache fills in a burst
         and stops; one more rise later, after the batch grew, is not a staircase.)"""
-        if self.rises < 3 or self.falling_fraction > 0 or self.plateaued:
+        if self.rises < 3 or self.plateaued:
             return False
+        if self.falling_fraction > 0 and (self.falling_fraction > 0.05 or self.given_back > 0.05):
+            return False  # a fall now and then that gives back a sliver of the rises (a buffer re-made) is not one
         return self.rises_throughout
 
     @property
@@ -240,6 +242,12 @@ class StepTrend:
             return False
         if self.late_growth_bytes <= 0.1 * self.early_growth_bytes:
             return True
+        if self.late_growth_bytes > 0 and len(self.rise_at) >= 3:
+            # rises now and then, apart (an evaluation every N steps; a cache fills in a burst of steps in a
+            # row): a flat tail no longer than the longest wait between earlier rises is the next one not due
+            waits = sorted(b - a for a, b in itertools.pairwise(self.rise_at))
+            if waits[len(waits) // 2] >= 2 and (self.steps - 1) - self.rise_at[-1] <= 1.5 * waits[-1]:
+                return False
         return self.tail_slope_ratio <= 0.1
 
     def to_dict(self) -> dict[str, Any]:

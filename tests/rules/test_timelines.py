@@ -95,3 +95,49 @@ def test_a_grown_batch_beside_a_neighbour_holding_half_the_gpu_is_the_neighbour(
     assert d.verdict == "other_process", d.headline
     d, _ = diagnose_bundle(bundle(timeline, req=34.18, alloc=11.36, ru=5.94, other=0.0, batch=280))
     assert d.verdict != "other_process", d.headline
+
+
+def _stairs(
+    every: int,
+    steps: int,
+    rise: float,
+    *,
+    burst: int = 1,
+    fall_at: int | None = None,
+    until: int | None = None,
+) -> list[dict[str, Any]]:
+    """Live memory after each step: flat at 30 GiB, rising by ``rise`` GiB at every ``every``-th step (over
+    ``burst`` steps in a row) up to step ``until``, and a 1 MiB buffer re-made smaller once at ``fall_at``."""
+    out, level = [], 30 * GiB
+    for k in range(1, steps + 1):
+        if k % every < burst and k >= every and (until is None or k <= until):
+            level += int(rise * GiB / burst)
+        if k == fall_at:
+            level -= 1 * MiB
+        out.append(
+            {
+                "step": k,
+                "allocated_bytes": level,
+                "reserved_bytes": level + GiB,
+                "peak_allocated_bytes": level + 8 * GiB,
+                "time_us": k * 1_000_000,
+                "batch_size": 8,
+            }
+        )
+    return out
+
+
+def test_a_staircase_between_its_risers_has_not_levelled_off() -> None:
+    """Validation outputs kept every 500 steps (7.7 GiB each time), the OOM 499 steps after the third: the
+    flat tail is the wait for the next riser, not a plateau. A buffer re-made 1 MiB smaller once does not
+    make the stairs fall. A cache that filled in two bursts (eight steps in a row each) and then stayed flat
+    for twice as long as between them has levelled off."""
+    from triage.evidence import _trend
+
+    stairs = _stairs(500, 2000, 7.7, fall_at=1402)
+    trend = _trend(stairs)
+    assert trend is not None and not trend.plateaued and trend.staircase
+    d, _ = diagnose_bundle(bundle(stairs, req=3.1, alloc=61.0, ru=5.4))
+    assert d.verdict == "tensor_leak", d.headline
+    bursts = _trend(_stairs(400, 2000, 2.0, burst=8, until=900))
+    assert bursts is not None and bursts.plateaued
