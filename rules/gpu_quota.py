@@ -110,7 +110,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.actions.append(
             "Fix the scheduling: the node selector / GPU product label must match the GPU the job was sized for."
         )
-    physical = max(total or 0, ev.named_total_bytes or 0) or None
+    physical = ev.physical_bytes or None
     limit = ev.vgpu_limit_bytes
     below = bool(limit and physical and limit < physical)
     if limit and (below or not ev.named_total_bytes):

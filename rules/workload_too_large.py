@@ -54,6 +54,7 @@ from rules.base import (
 )
 from triage.evidence import (
     CUDA_CONTEXT_MAX,
+    FIRST_STEPS,
     LATE_RISES,
     aligned_step,
     filling_site,
@@ -73,7 +74,7 @@ ID = "workload_too_large"
 VERDICT = "workload_too_large"
 OWNER = "algorithm"
 
-EARLY_STEPS = 2  # an OOM in the first steps: nothing had time to leak
+EARLY_STEPS = FIRST_STEPS  # an OOM in the first steps: nothing had time to leak
 
 
 def usable_bytes(ev: Evidence) -> int | None:
@@ -507,7 +508,7 @@ def evaluate(ev: Evidence) -> Finding | None:
     ):
         f.facts.append(
             f"The one allocation it asked for, {human(ev.request_bytes or 0)}, is larger than the whole device "
-            f"({human(max(ev.total_bytes or 0, ev.named_total_bytes or 0))}): nothing held beside it, kept, "
+            f"({human(ev.physical_bytes)}): nothing held beside it, kept, "
             "a neighbour's or cached, could have made room. A tensor this size is the step's own (a batch, a "
             "sequence or a shape far larger than meant)."
         )

@@ -471,6 +471,7 @@ class Evidence:
     freed_calls: int | None = None
     calls_by_device: dict[int, dict[int, CallId]] = field(default_factory=dict, repr=False)
     under_calls: dict[tuple[Any, Any, Any], tuple[int, int]] | None = field(default=None, repr=False)
+    site_allocs: dict[tuple[int, Site], list[int]] | None = field(default=None, repr=False)
     aligned: AlignedStep | bool | None = field(default=False, repr=False)  # False: not worked out yet
     oom_entry: TraceEntry | None = None
     oom_timeline: DeviceTimeline | None = None
@@ -635,10 +636,16 @@ class Evidence:
         )
 
     @property
+    def physical_bytes(self) -> int:
+        """The device's own size: its total, or what its product name states when a layer between (a vGPU's
+        hooked total) reports less; 0 when neither is known."""
+        return max(self.total_bytes or 0, self.named_total_bytes or 0)
+
+    @property
     def request_beyond_device(self) -> bool:
         """The one allocation that failed is larger than the whole device (its physical size): nothing a
         leak, a neighbour or the cache's layout held could have made room for it."""
-        physical = max(self.total_bytes or 0, self.named_total_bytes or 0)
+        physical = self.physical_bytes
         return bool(
             self.is_cuda_oom and physical and self.request_bytes is not None and self.request_bytes > physical
         )
@@ -660,7 +667,7 @@ class Evidence:
         """The job hit a limit of its own below the device (a fraction cap, a vGPU share): what it held plus
         the request was over that limit, so what other processes held beyond it did not decide."""
         limit = self.limit_bytes
-        physical = max(self.total_bytes or 0, self.named_total_bytes or 0)
+        physical = self.physical_bytes
         if self.vgpu_limit_bytes:
             return True  # the layer accounts each container's share apart
         if not limit or not physical or limit >= physical * 0.98:
@@ -681,7 +688,7 @@ class Evidence:
             return None  # it runs in what it was declared for
         if self.cap_set_by_job and limited == self.fraction_cap_bytes:
             return None  # the job capped itself
-        physical = max(self.total_bytes or 0, self.named_total_bytes or 0)
+        physical = self.physical_bytes
         if physical and limited and limited < physical * 0.98:
             return physical  # a fraction cap or a vGPU limit below the device (a hooked total: its name's)
         return None
@@ -729,9 +736,7 @@ def build_evidence(
         if isinstance(t, str) and t
     ]
     if texts:
-        ev.launcher_pids = {
-            int(g) for t in texts for m in _RE_LAUNCHER_PID.finditer(t) for g in m.groups() if g is not None
-        }
+        ev.launcher_pids = set().union(*(_launcher_pids(t) for t in texts))
         roots = [int(m.group(1)) for t in texts for m in _RE_ROOT_CAUSE.finditer(t)]
         if roots:
             ev.root_rank = roots[-1]
@@ -795,24 +800,17 @@ def _earlier_attempt_pids(text: str, line_no: int | None) -> set[int]:
     (1-based) and never after it: the workers of an earlier attempt. One still on the GPU outlived it."""
     from triage.messages import restart_offsets
 
-    end = len(text)
-    if line_no is not None:
-        end = 0
-        for _ in range(line_no):
-            nxt = text.find("\n", end)
-            if nxt < 0:
-                end = len(text)
-                break
-            end = nxt + 1
-    restarts = [o for o in restart_offsets(text) if o < end]
+    head = text if line_no is None else "\n".join(text.split("\n", line_no)[:line_no])
+    restarts = restart_offsets(head)
     if not restarts:
         return set()
     cut = restarts[-1]
+    return _launcher_pids(text[:cut]) - _launcher_pids(text[cut:])
 
-    def pids(part: str) -> set[int]:
-        return {int(g) for m in _RE_LAUNCHER_PID.finditer(part) for g in m.groups() if g is not None}
 
-    return pids(text[:cut]) - pids(text[cut:])
+def _launcher_pids(text: str) -> set[int]:
+    """The job's worker pids its launcher's lines in ``text`` name."""
+    return {int(g) for m in _RE_LAUNCHER_PID.finditer(text) for g in m.groups() if g is not None}
 
 
 def _pick_message(ev: Evidence) -> None:
@@ -1443,7 +1441,6 @@ def _survivors(ev: Evidence) -> None:
     """Sites whose surviving blocks were made in different steps: between two survivors live memory fell
     back below the level it had when the earlier one was made (that step's activations were freed)."""
     by_dev = {t.device: t for t in ev.timelines}
-    by_site: dict[tuple[int, Site], list[int]] = {}
     swings: dict[int, int] = {}
     orders: dict[int, list[int]] = {}  # entry indices of the model's allocations, per device
     olders: dict[int, dict[tuple[Any, Any, Any], list[tuple[int, int]]]] = {}
@@ -1484,13 +1481,12 @@ def _survivors(ev: Evidence) -> None:
         freed = max(0, st.allocs_in_trace - st.traced)
         after = 0
         if freed and idx:
-            if not by_site:
-                by_site.update(allocs_by_site(ev))
+            by_site = allocs_by_site(ev)
             alive = set(idx)
             after = sum(1 for i in by_site.get((dev, st.site), []) if i > idx[0] and i not in alive)
         sv = Survivors(st, cycles, len(idx) - 1, freed, after)
         if sv.evicted_like_a_cache:
-            sv.evicted_meanwhile = _freed_after(tl, by_site.get((dev, st.site), []), idx[0])
+            sv.evicted_meanwhile = _freed_after(tl, allocs_by_site(ev).get((dev, st.site), []), idx[0])
         if freed == 0 and st.count > st.traced and len(firsts) >= 3:
             older = olders.get(dev)
             if older is None:
@@ -1517,9 +1513,10 @@ def growth_run(newest_first: Iterable[int]) -> list[int]:
     return out
 
 
-def grew(run: list[int]) -> bool:
-    """Whether a ``growth_run`` is long and varied enough to be a tensor re-made larger at every call."""
-    return len(run) >= GROWING_RUN and len(set(run)) >= GROWING_SIZES
+def grew(run: list[int], min_run: int = GROWING_RUN) -> bool:
+    """Whether a ``growth_run`` is long (``min_run``) and varied enough to be a tensor re-made larger at
+    every call."""
+    return len(run) >= min_run and len(set(run)) >= GROWING_SIZES
 
 
 FIRST_STEPS = 2  # steps a trace from the model's load may have seen end with nothing yet able to leak
@@ -1565,7 +1562,7 @@ def regrown_blocks(ev: Evidence, min_run: int = GROWING_RUN) -> list[tuple[SiteS
             (i, s) for i in made.get((tl.device, st.site), []) if isinstance(s := tl.raw[i].get("size"), int)
         ]
         run = growth_run(s for _, s in reversed(sized))  # newest first
-        if len(run) >= min_run and len(set(run)) >= GROWING_SIZES and st.bytes >= 0.9 * run[0]:
+        if grew(run, min_run) and st.bytes >= 0.9 * run[0]:
             out.append((st, [i for i, _ in sized[len(sized) - len(run) :]]))
     return out
 
@@ -1584,22 +1581,16 @@ def regrown_across_calls(ev: Evidence) -> tuple[SiteStats, int, int, int, int] |
     if tl is None or not ev.allocated_bytes:
         return None
     raw = tl.raw
-    in_call: dict[int, bool] = {}  # by frames-list identity
+    call_of = _model_calls(ev, tl)
 
     def model_pass(a: int, c: int) -> bool:
         """Whether a block made inside a forward between entries a and c was freed before c."""
         made: set[Any] = set()
-        for e in raw[a + 1 : c]:
-            action = e.get("action")
-            if action == "alloc":
-                frames = e.get("frames")
-                if frames:
-                    hit = in_call.get(id(frames))
-                    if hit is None:
-                        hit = in_call[id(frames)] = model_call(ev.classifier, frames) is not None
-                    if hit:
-                        made.add(e.get("addr"))
-            elif action in ("free_requested", "free_completed") and e.get("addr") in made:
+        for i in range(a + 1, c):
+            e = raw[i]
+            if i in call_of:
+                made.add(e.get("addr"))
+            elif e.get("action") in ("free_requested", "free_completed") and e.get("addr") in made:
                 return True
         return False
 
@@ -2151,7 +2142,9 @@ def _freed_after(tl: DeviceTimeline, allocs: list[int], first: int) -> bool:
 
 
 def allocs_by_site(ev: Evidence) -> dict[tuple[int, Site], list[int]]:
-    """Entry indices of every traced allocation, grouped by (device, site)."""
+    """Entry indices of every traced allocation, grouped by (device, site). Worked out once."""
+    if ev.site_allocs is not None:
+        return ev.site_allocs
     out: dict[tuple[int, Site], list[int]] = {}
     for tl in ev.timelines:
         site_of = {key: ev.classifier.site(fr) for key, fr in tl.stacks.items()}
@@ -2160,6 +2153,7 @@ def allocs_by_site(ev: Evidence) -> dict[tuple[int, Site], list[int]]:
             fr = raw[i].get("frames")
             if fr:
                 out.setdefault((tl.device, site_of[id(fr)]), []).append(i)
+    ev.site_allocs = out
     return out
 
 
