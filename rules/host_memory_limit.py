@@ -26,6 +26,7 @@ OWNER = "platform"
 # a SIGKILL or exit code 137 alone: the OOM killer sends it, and so do timeouts, probes and preemptions
 WEAK = frozenset({"host-sigkill", "host-exit-137"})
 LOW_USAGE = 0.5  # of the container's limit: far from where the OOM killer acts
+BEYOND_ANY_HOST = 4 << 40  # one host allocation larger than this (4 TiB) is larger than any node's memory
 
 
 def evaluate(ev: Evidence) -> Finding | None:
@@ -68,9 +69,24 @@ def evaluate(ev: Evidence) -> Finding | None:
                 "what sent the SIGKILL: the pod's last state (OOMKilled or not), the kernel log (oom-kill), "
                 "the scheduler's reason (time limit, preemption, eviction)"
             )
+    absurd = [
+        m for m in host_msgs if m.format == "host-cpu-alloc" and (m.requested_bytes or 0) > BEYOND_ANY_HOST
+    ]
+    if absurd and f.score < STRONG + 0.01 and not ev.oom_kill_count:
+        # malloc refuses a request only when the node could not commit it at all (a cgroup's limit is
+        # enforced later, by the OOM killer, when pages are touched); one request larger than any host is a
+        # size computed from bad data or a bug, which no memory limit would have let through
+        f.facts.append(
+            f"The failing host allocation alone asked for {human(absurd[-1].requested_bytes or 0)}, more than any "
+            "host has: a size computed from bad data or a bug, not a memory limit reached."
+        )
+        f.score = min(f.score, CANDIDATE)
     if host_msgs:
         last = host_msgs[-1]
-        what = "Ray's memory monitor's kill" if last.format == "host-ray-oom" else "the kernel's kill"
+        what = {
+            "host-ray-oom": "Ray's memory monitor's kill",
+            "host-cpu-alloc": "the host allocator's refusal",
+        }.get(last.format, "the kernel's kill")
         what = what if named else "a SIGKILL"
         f.facts.append(f"The log ends with {what}: {last.text.strip()[:160]}")
     if ev.exit_code == 137:

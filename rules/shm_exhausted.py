@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rules.base import LIKELY, STRONG, Finding
+from rules.base import CANDIDATE, LIKELY, STRONG, Finding
 from triage.units import MiB, human
 
 if TYPE_CHECKING:
@@ -23,6 +23,7 @@ VERDICT = "shm_exhausted"
 OWNER = "platform"
 
 DEFAULT_SHM = 64 * MiB
+ENOMEM = "12"
 
 
 def evaluate(ev: Evidence) -> Finding | None:
@@ -47,6 +48,30 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.facts.append("/dev/shm was at least 90% full when the job crashed.")
     else:
         return None
+    said = [m for m in ev.messages if m.kind == "shm_exhausted"]
+    full = (
+        ev.shm_total_bytes is not None
+        and ev.shm_used_bytes is not None
+        and ev.shm_used_bytes >= 0.9 * ev.shm_total_bytes
+    )
+    if (
+        said
+        and all(m.format == "shm-unable-to-mmap" and m.extra.get("errno") == ENOMEM for m in said)
+        and not full
+        and not ev.dead_workers_sigbus
+    ):
+        # mapping a file under /dev/shm takes no room in it: ENOMEM there is the process's count of
+        # mappings (vm.max_map_count) or its address space running out; a full /dev/shm fails the writer
+        # (ENOSPC, or a bus error when a page is touched)
+        f.facts.append(
+            "Mapping a shared-memory file failed with ENOMEM (12), not ENOSPC: the process ran out of memory "
+            "mappings (vm.max_map_count) or address space, which a full /dev/shm does not cause."
+        )
+        f.score = min(f.score, CANDIDATE)
+        f.actions.append(
+            "Raise vm.max_map_count on the node, or lower DataLoader num_workers, or set the sharing strategy "
+            "to file_system (torch.multiprocessing.set_sharing_strategy)."
+        )
     if ev.shm_total_bytes is not None:
         used = f", {human(ev.shm_used_bytes)} in use" if ev.shm_used_bytes is not None else ""
         f.facts.append(f"/dev/shm is {human(ev.shm_total_bytes)}{used}.")

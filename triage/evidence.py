@@ -127,6 +127,12 @@ def _get(d: Any, *path: str) -> Any:
     return d
 
 
+def _part(d: Any, *path: str) -> dict[str, Any]:
+    """The bundle's part at ``path`` when it is a dict (an untrusted bundle may carry anything there)."""
+    got = _get(d, *path)
+    return got if isinstance(got, dict) else {}
+
+
 def _int(v: Any) -> int | None:
     if isinstance(v, bool):
         return None
@@ -892,8 +898,8 @@ def _kind(ev: Evidence) -> None:
 
 def _device(ev: Evidence) -> None:
     b, m = ev.bundle, ev.message
-    dev = _get(b, "device") or {}
-    obs = _get(b, "allocator", "observer") or {}
+    dev = _part(b, "device")
+    obs = _part(b, "allocator", "observer")
     ev.device = _int(dev.get("index"))
     if ev.device is None and m is not None:
         ev.device = m.device_index
@@ -1198,7 +1204,7 @@ def _merge(free: list[list[int]]) -> list[list[int]]:
 
 def _processes(ev: Evidence) -> None:
     b, m = ev.bundle, ev.message
-    wl = _get(b, "workload") or {}
+    wl = _part(b, "workload")
     pids = wl.get("pids") if isinstance(wl, dict) else None
     if isinstance(pids, list):
         ev.own_pids.update(p for p in pids if isinstance(p, int))
@@ -1280,7 +1286,7 @@ def _unreported_usage(ev: Evidence, unknown: list[Process]) -> None:
 
 
 def _workload(ev: Evidence, batch_size: int | None) -> None:
-    wl = _get(ev.bundle, "workload") or {}
+    wl = _part(ev.bundle, "workload")
     ev.batch_size = batch_size or (_int(wl.get("batch_size")) if isinstance(wl, dict) else None)
     ev.step = _int(wl.get("step")) if isinstance(wl, dict) else None
     tl = _get(ev.bundle, "timeline")
@@ -1412,7 +1418,7 @@ def _trace_trend(ev: Evidence) -> None:
 
 
 def _host(ev: Evidence) -> None:
-    host = _get(ev.bundle, "host") or {}
+    host = _part(ev.bundle, "host")
     if not isinstance(host, dict):
         host = {}
     ev.shm_total_bytes = _int(host.get("shm_total_bytes"))
@@ -1748,7 +1754,12 @@ _MODULE_CALL = frozenset({"_call_impl", "_wrapped_call_impl"})  # torch/nn/modul
 
 
 def frame_key(fr: Any) -> tuple[Any, Any, Any]:
-    return (fr.get("filename"), fr.get("line"), fr.get("name"))
+    key = (fr.get("filename"), fr.get("line"), fr.get("name"))
+    try:
+        hash(key)
+    except TypeError:  # an untrusted file put a list or a dict in a frame: it reads as unknown
+        return tuple(v if isinstance(v, str | int | None) else "??" for v in key)  # type: ignore[return-value]
+    return key
 
 
 def model_call(classifier: FrameClassifier, frames: Sequence[Any]) -> tuple[Any, Any, Any] | None:
@@ -2209,7 +2220,7 @@ def _is_cycle(tl: DeviceTimeline, a: int, c: int, swing: int = 0, *, low_point: 
 
 
 def _contract(ev: Evidence) -> None:
-    facts = dict(_get(ev.bundle, "host") or {})
+    facts = dict(_part(ev.bundle, "host"))
     k8s = _get(ev.bundle, "k8s")
     if isinstance(k8s, dict):
         facts.update(k8s)

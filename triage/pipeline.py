@@ -7,6 +7,7 @@ from typing import Any
 
 from triage.diagnosis import Diagnosis
 from triage.engine import decide, diagnose
+from triage.errors import NotASnapshot
 from triage.evidence import Evidence, build_evidence
 from triage.snapshot.frames import FrameClassifier
 from triage.snapshot.loader import load_snapshot, normalise
@@ -50,8 +51,17 @@ def diagnose_text(text: str, *, batch_size: int | None = None) -> tuple[Diagnosi
 def diagnose_bundle(
     bundle: dict[str, Any], *, classifier: FrameClassifier | None = None
 ) -> tuple[Diagnosis, Evidence]:
-    """The service's door: an incident bundle (docs/bundle.md) with its snapshot inline (or null)."""
+    """The service's door: an incident bundle (docs/bundle.md) with its snapshot inline (or null).
+
+    A snapshot that cannot be read (a corrupt or hand-edited bundle) does not cost the rest of the
+    bundle its diagnosis: the message, the device, its processes and the pod's limits are diagnosed
+    without it, and the diagnosis says what was wrong with the snapshot.
+    """
     raw = bundle.get("snapshot")
-    snap = normalise(raw, source="bundle", shared_frames=False) if isinstance(raw, dict | list) else None
-    ev = build_evidence(snap, None, bundle, classifier=classifier)
+    try:
+        snap = normalise(raw, source="bundle", shared_frames=False) if isinstance(raw, dict | list) else None
+        ev = build_evidence(snap, None, bundle, classifier=classifier)
+    except NotASnapshot as exc:
+        ev = build_evidence(None, None, bundle, classifier=classifier)
+        ev.notes.append(f"The bundle's snapshot could not be read ({exc}); diagnosed without it.")
     return diagnose(ev), ev

@@ -377,3 +377,68 @@ def test_a_loop_printing_alloc_per_step_shows_the_growth() -> None:
     )
     d, _ = diagnose_text(log + oom)
     assert d.verdict == "tensor_leak", d.headline
+
+
+CPU_ALLOC = (
+    "Traceback (most recent call last):\n"
+    '  File "/opt/tts/data.py", line 97, in collate\n'
+    "    mel = torch.zeros(len(batch), 80, max_len)\n"
+    "RuntimeError: [enforce fail at alloc_cpu.cpp:117] err == 0. DefaultCPUAllocator: can't allocate memory: "
+    "you tried to allocate {n} bytes. Error code 12 (Cannot allocate memory)\n"
+)
+
+
+def test_a_host_request_larger_than_any_host_is_not_a_memory_limit() -> None:
+    # malloc refuses one request only when the node could not commit it at all; 10 TiB is a size computed
+    # from bad data (a corrupt max_len), which no pod limit would have let through
+    d, _ = diagnose_text(CPU_ALLOC.format(n=10 * 1024**4))
+    assert d.verdict == "inconclusive", d.headline
+    assert "host_memory_limit" in d.candidates
+    assert any("more than any host has" in e.fact for e in d.evidence)
+    assert not any("kernel's kill" in e.fact for e in d.evidence)  # the allocator refused; nothing was killed
+
+
+def test_a_host_request_of_a_plausible_size_refused_is_the_host_memory() -> None:
+    d, _ = diagnose_text(CPU_ALLOC.format(n=3 * 1024**3))
+    assert d.verdict == "host_memory_limit", d.headline
+    assert any("the host allocator's refusal" in e.fact for e in d.evidence)
+
+
+SHM_MMAP = (
+    "Epoch: [25][3097/5005]\tTime  0.547 ( 0.548)\tLoss 1.9593e+00 (2.1268e+00)\n"
+    "Exception in thread Thread-52 (_pin_memory_loop):\n"
+    "Traceback (most recent call last):\n"
+    '  File "/usr/local/lib/python3.10/dist-packages/torch/multiprocessing/reductions.py", line 541, in '
+    "rebuild_storage_filename\n"
+    "    storage = torch.UntypedStorage._new_shared_filename_cpu(manager, handle, size)\n"
+    "RuntimeError: unable to mmap 2048 bytes from file </torch_10182_3020184674_63991>: {err}\n"
+)
+
+
+def test_mapping_a_shared_memory_file_with_enomem_is_not_a_full_dev_shm() -> None:
+    # mapping a /dev/shm file takes no room in it: ENOMEM is the mapping count (vm.max_map_count) running out
+    d, _ = diagnose_text(SHM_MMAP.format(err="Cannot allocate memory (12)"))
+    assert d.verdict == "inconclusive", d.headline
+    assert "shm_exhausted" in d.candidates
+    assert any("vm.max_map_count" in a for a in d.actions)
+
+
+def test_a_shared_memory_file_with_no_space_left_is_a_full_dev_shm() -> None:
+    d, _ = diagnose_text(SHM_MMAP.format(err="No space left on device (28)"))
+    assert d.verdict == "shm_exhausted", d.headline
+
+
+def test_enomem_beside_a_dev_shm_the_collector_saw_full_stays_shm() -> None:
+    from triage.pipeline import diagnose_bundle
+
+    bundle = {
+        "schema": "oom-triage/incident@1",
+        "incident_id": "00000000-0000-4000-8000-000000000001",
+        "occurred_at": "2026-11-30T10:00:00+00:00",
+        "kind": "shm_exhausted",
+        "error": {"type": "RuntimeError", "message": SHM_MMAP.format(err="Cannot allocate memory (12)")},
+        "host": {"shm_total_bytes": 64 << 20, "shm_used_bytes": 63 << 20},
+    }
+    assert diagnose_bundle(bundle)[0].verdict == "shm_exhausted"
+    bundle["host"] = {"shm_total_bytes": 64 << 30, "shm_used_bytes": 2 << 30}
+    assert diagnose_bundle(bundle)[0].verdict == "inconclusive"

@@ -216,3 +216,148 @@ def test_zlib_stream_without_gzip_header_is_not_a_snapshot(tmp_path: Path) -> No
     p.write_bytes(zlib.compress(b"x" * 1000))
     with pytest.raises(InputError):
         load_snapshot(p)
+
+
+# --------------------------------------------------------------------------- well-formed, wrong types inside
+
+
+def _small_snapshot() -> dict[str, object]:
+    frame = {"filename": "/w/train.py", "line": 57, "name": "train_step"}
+    return {
+        "segments": [
+            {
+                "device": 0,
+                "address": 1 << 32,
+                "total_size": 20 << 20,
+                "stream": 0,
+                "segment_type": "large",
+                "allocated_size": 4 << 20,
+                "active_size": 4 << 20,
+                "requested_size": 4 << 20,
+                "blocks": [
+                    {
+                        "address": 1 << 32,
+                        "size": 4 << 20,
+                        "requested_size": 4 << 20,
+                        "state": "active_allocated",
+                        "frames": [dict(frame)],
+                    },
+                    {
+                        "address": (1 << 32) + (4 << 20),
+                        "size": 16 << 20,
+                        "requested_size": 0,
+                        "state": "inactive",
+                        "frames": [],
+                    },
+                ],
+                "frames": [dict(frame)],
+            }
+        ],
+        "device_traces": [
+            [
+                {
+                    "action": "segment_alloc",
+                    "addr": 1 << 32,
+                    "size": 20 << 20,
+                    "stream": 0,
+                    "time_us": 1,
+                    "frames": [dict(frame)],
+                },
+                {
+                    "action": "alloc",
+                    "addr": 1 << 32,
+                    "size": 4 << 20,
+                    "stream": 0,
+                    "time_us": 2,
+                    "frames": [dict(frame)],
+                },
+            ]
+        ],
+    }
+
+
+def _set(obj: object, path: tuple[object, ...], value: object) -> None:
+    for k in path[:-1]:
+        obj = obj[k]  # type: ignore[index]
+    obj[path[-1]] = value  # type: ignore[index]
+
+
+ODD_VALUES = [
+    # a frame's fields of another type read as unknown; the file still replays
+    (("segments", 0, "blocks", 0, "frames", 0, "name"), {"a": 1}, 0),
+    (("segments", 0, "blocks", 0, "frames", 0, "filename"), ["x"], 0),
+    (("segments", 0, "frames", 0, "line"), [1, 2], 0),
+    (("device_traces", 0, 1, "frames", 0, "name"), ["x"], 0),
+    # a trace entry that is not a dict, or whose action, address or frames cannot be one: refused, exit 2
+    (("device_traces", 0, 1), [1, 2], 2),
+    (("device_traces", 0, 1, "action"), {"a": 1}, 2),
+    (("device_traces", 0, 1, "action"), None, 2),
+    (("device_traces", 0, 1, "addr"), [1], 2),
+    (("device_traces", 0, 1, "addr"), "0x100000000", 2),
+    (("device_traces", 0, 1, "frames"), "train.py:57", 2),
+]
+
+
+@pytest.mark.parametrize("suffix", [".json", ".pickle"])
+@pytest.mark.parametrize(
+    ("path", "value", "rc"), ODD_VALUES, ids=[f"{p[-1]}-{i}" for i, (p, _, _) in enumerate(ODD_VALUES)]
+)
+def test_a_field_of_the_wrong_type_is_read_or_refused_never_a_traceback(
+    tmp_path: Path, suffix: str, path: tuple[object, ...], value: object, rc: int
+) -> None:
+    snap = _small_snapshot()
+    _set(snap, path, value)
+    f = tmp_path / f"odd{suffix}"
+    f.write_bytes(json.dumps(snap).encode() if suffix == ".json" else pickle.dumps(snap))
+    r = run_cli("replay", str(f), "--json")
+    err = r.stderr.decode()
+    assert "Traceback" not in err, err
+    assert r.returncode == rc, (r.returncode, err[-400:])
+    if rc == 0:
+        assert json.loads(r.stdout)["summary"]["allocated_bytes"] == 4 << 20
+    else:
+        assert err.startswith("triage replay: error:") and "trace entr" in err, err
+
+
+def _bundle(snapshot: object) -> dict[str, object]:
+    return {
+        "schema": "oom-triage/incident@1",
+        "incident_id": "00000000-0000-4000-8000-000000000002",
+        "occurred_at": "2026-11-30T10:00:00+00:00",
+        "kind": "cuda_oom",
+        "error": {
+            "type": "torch.OutOfMemoryError",
+            "message": (
+                "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which "
+                "1.21 GiB is free. Process 4242 has 46.00 GiB memory in use. Including non-PyTorch memory, this "
+                "process has 31.92 GiB memory in use. Of the allocated memory 30.10 GiB is allocated by PyTorch, "
+                "and 1.20 GiB is reserved by PyTorch but unallocated."
+            ),
+        },
+        "workload": {"pid": 7, "pids": [7]},
+        "snapshot": snapshot,
+    }
+
+
+def test_a_bundle_whose_snapshot_cannot_be_read_is_diagnosed_without_it(tmp_path: Path) -> None:
+    snap = _small_snapshot()
+    _set(snap, ("device_traces", 0, 1, "action"), {"a": 1})
+    f = tmp_path / "bundle.json"
+    f.write_text(json.dumps(_bundle(snap)))
+    r = run_cli("replay", str(f), "--json")
+    assert r.returncode == 0, r.stderr.decode()[-400:]
+    d = json.loads(r.stdout)
+    assert d["verdict"] == "other_process"  # the message's neighbour still decides
+    assert any("snapshot could not be read" in e["fact"] for e in d["evidence"])
+
+
+@pytest.mark.parametrize("part", ["device", "host", "workload", "allocator", "k8s", "occurred_at"])
+@pytest.mark.parametrize("value", [5, "x", [1, 2], True])
+def test_a_bundle_part_of_the_wrong_type_reads_as_absent(tmp_path: Path, part: str, value: object) -> None:
+    b = _bundle(None)
+    b[part] = value
+    f = tmp_path / "bundle.json"
+    f.write_text(json.dumps(b))
+    r = run_cli("replay", str(f), "--json")
+    assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr.decode()[-600:]
+    assert json.loads(r.stdout)["verdict"] in ("other_process", "inconclusive")

@@ -80,8 +80,13 @@ class FrameClassifier:
             return got
         filename = frame.get("filename") or ""
         line = frame.get("line") or 0
-        if not isinstance(filename, str):
-            filename = str(filename)
+        name = frame.get("name")
+        if not isinstance(filename, str) or not isinstance(line, int) or not isinstance(name, str | None):
+            # an untrusted file put something else in the frame: what is not a string (or a line number)
+            # reads as unknown, here once for every reader of this frame
+            filename = frame["filename"] = filename if isinstance(filename, str) else "??"
+            line = frame["line"] = line if isinstance(line, int) and not isinstance(line, bool) else 0
+            frame["name"] = name if isinstance(name, str) else "??"
         is_python = filename not in ("??", "") and isinstance(line, int) and line > 0
         if is_python and _CPP_NAMES.search(filename):
             is_python = False

@@ -29,6 +29,7 @@ import threading
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from itertools import repeat
 from pathlib import Path
 from typing import IO, Any
 
@@ -306,14 +307,27 @@ def _decode_bytes(data: bytes, max_bytes: int, memory_budget: int | None, what: 
 # --------------------------------------------------------------------------- normalisation
 
 
+def _frame_key(fr: RawFrame) -> tuple[str, str, int]:
+    """(name, filename, line) of a frame, each of its own type: an untrusted file may put anything there,
+    and what is not a string (or a line number) reads as unknown."""
+    name, filename, line = fr.get("name"), fr.get("filename"), fr.get("line")
+    return (
+        name if isinstance(name, str) else "??",
+        filename if isinstance(filename, str) else "??",
+        line if isinstance(line, int) and not isinstance(line, bool) else 0,
+    )
+
+
 def _intern_frames(frames: Any, table: dict[tuple[Any, ...], RawFrame]) -> list[RawFrame]:
     out: list[RawFrame] = []
     for fr in frames:
         if not isinstance(fr, dict):
             continue
-        key = (fr.get("name"), fr.get("filename"), fr.get("line"))
+        key = _frame_key(fr)
         got = table.get(key)
         if got is None:
+            if (fr.get("name"), fr.get("filename"), fr.get("line")) != key:
+                fr = {**fr, "name": key[0], "filename": key[1], "line": key[2]}
             table[key] = got = fr
         out.append(got)
     return out
@@ -403,8 +417,8 @@ def _traces(raw: Any, table: dict[tuple[Any, ...], RawFrame] | None, what: str) 
     for t in raw:
         if not isinstance(t, list):
             raise NotASnapshot(f"{what}: a device trace is not a list")
-        if t and not isinstance(t[0], dict):
-            raise NotASnapshot(f"{what}: trace entries are not dicts")
+        if not all(map(isinstance, t, repeat(dict))):
+            raise NotASnapshot(f"{what}: trace entries are not all dicts")
         if table is not None:
             for e in t:
                 if isinstance(e, dict) and isinstance(e.get("frames"), list):

@@ -191,7 +191,14 @@ def replay_device(snapshot: Snapshot, device: int, max_points: int = MAX_POINTS)
 
     actions = _column(entries, "action", None)
     sizes = _column(entries, "size", 0)
-    counts = Counter(actions)
+    try:
+        counts = Counter(actions)
+    except TypeError:
+        counts = Counter()
+    if not all(map(isinstance, counts, repeat(str))):
+        raise NotASnapshot(
+            f"{snapshot.source or 'snapshot'}: a trace entry of device {device} has an odd action"
+        )
     try:
         # signed sizes per action, as C-level map chains (no Python frame per entry)
         levels = array("q", accumulate(map(mul, map(_ALLOC_SIGN.get, actions, repeat(0)), sizes)))
@@ -229,16 +236,23 @@ def replay_device(snapshot: Snapshot, device: int, max_points: int = MAX_POINTS)
     # the live set and what ended freed, from the last alloc / free per address
     alloc_idx = list(compress(range(n), map("alloc".__eq__, actions)))
     free_idx = list(compress(range(n), map("free_requested".__eq__, actions)))
-    last_alloc = dict(
-        zip(_column(list(map(entries.__getitem__, alloc_idx)), "addr", 0), alloc_idx, strict=True)
-    )
-    last_free = dict(zip(_column(list(map(entries.__getitem__, free_idx)), "addr", 0), free_idx, strict=True))
+    addrs = _column(entries, "addr", 0)
+    if not set(map(type, addrs)) <= {int}:
+        raise NotASnapshot(
+            f"{snapshot.source or 'snapshot'}: a trace entry of device {device} has an odd address"
+        )
+    last_alloc = dict(zip(map(addrs.__getitem__, alloc_idx), alloc_idx, strict=True))
+    last_free = dict(zip(map(addrs.__getitem__, free_idx), free_idx, strict=True))
     live = {a: i for a, i in last_alloc.items() if last_free.get(a, -1) < i}
     ended_freed = [a for a, i in last_free.items() if last_alloc.get(a, -1) < i]
 
     frames_of = list(map(methodcaller("get", "frames"), map(entries.__getitem__, alloc_idx)))
     by_stack: Counter[int] = Counter(map(id, filter(None, frames_of)))
     stacks: dict[int, list[dict[str, Any]]] = {id(f): f for f in frames_of if f}
+    if not all(map(isinstance, stacks.values(), repeat(list))):
+        raise NotASnapshot(
+            f"{snapshot.source or 'snapshot'}: a trace entry of device {device} has odd frames"
+        )
 
     oom_indices = [i for i, a in enumerate(actions) if a == "oom"] if "oom" in counts else []
     oom_index = oom_indices[-1] if oom_indices else -1
