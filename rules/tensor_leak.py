@@ -45,12 +45,14 @@ from typing import TYPE_CHECKING
 from rules.base import CANDIDATE, LEAD, LIKELY, STRONG, Finding
 from triage.evidence import (
     LATE_RISES,
+    RELEASED_CALLS,
     accumulating_site,
     filling_site,
     kept_graphs,
     live_under_calls,
     regrown_across_calls,
     regrown_blocks,
+    released_after_calls,
     trace_cycles,
     turning_window,
 )
@@ -68,6 +70,8 @@ MIN_CYCLES = 3  # survivors from at least four different steps
 MIN_CYCLE_FRACTION = 0.2  # several survivors per step are fine (three metrics kept per step)
 MINOR_SHARE = 0.05  # survivors below this share of the job's memory, and not decisive, did not cause the OOM
 MANY_CYCLES = 5  # survivors from six different steps are a leak however many each step kept
+RELEASED_MIN = 4  # kept-then-freed blocks that show a site letting go of what it keeps ...
+RELEASED_SHARE = 0.25  # ... and at least this share of the blocks it holds now
 STOPPED_STEPS = 4  # steps without a new survivor (and 3x the site's own pace) before it counts as stopped
 MAX_FREED_FRACTION = 0.25  # more of the site's trace allocations freed than this: a bounded cache
 MIN_RISING_FRACTION = 0.7
@@ -490,6 +494,18 @@ def evaluate(ev: Evidence) -> Finding | None:
             )
             f.missing.append(
                 "live memory per step (the collector's step samples): a cache levels off, a leak does not"
+            )
+            f.score = min(f.score, BOUNDED)
+        elif trend is None and (let_go := released_after_calls(ev, leak)) >= max(
+            RELEASED_MIN, RELEASED_SHARE * leak.stats.count
+        ):
+            f.facts.append(
+                f"But {let_go} of the site's blocks were kept across {RELEASED_CALLS} or more later calls of the "
+                "model and then freed: the site lets go of what it keeps (a memory bank or cache that ages its "
+                "entries out), not a pile that only grows."
+            )
+            f.missing.append(
+                "live memory per step (the collector's step samples): a bank that ages out levels off, a leak does not"
             )
             f.score = min(f.score, BOUNDED)
         elif trend is None and (quiet := _steps_since_last(ev, leak)):

@@ -394,6 +394,14 @@ def evaluate(ev: Evidence) -> Finding | None:
             f.score -= 0.2
         else:  # a sliver of what the job may hold: the next allocation of the step would have failed instead
             f.facts.append(f"But that is {ev.free_in_pool_bytes / usable:.1%} of what the job could hold.")
+    if early and ev.mig_profile and not ev.declared_total_bytes and f.score > POSSIBLE:
+        # a first step that does not fit a MIG slice nothing says the job asked for is the slice's size as
+        # much as the batch's: the slice (gpu_quota) speaks for itself, this stays a candidate beside it
+        f.facts.append(
+            f"It runs on a MIG slice ({ev.mig_profile}) and nothing says the job asked for one: the first step not "
+            "fitting says as much about the slice as about the batch."
+        )
+        f.score = POSSIBLE
     grown = ev.batch_grew_from
     if grown:
         f.facts.append(

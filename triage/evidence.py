@@ -493,6 +493,9 @@ class Evidence:
     launcher_pids: set[int] = field(default_factory=set)  # the job's workers, from its launcher's lines
     earlier_attempt_pids: set[int] = field(default_factory=set)  # workers of attempts before a restart
     setup_call: str | None = None  # the model-setup frame a log's OOM came under, before any training step
+    first_step_bar: str | None = (
+        None  # a log's progress bar that still read 0/N at the OOM, nothing shown before it
+    )
     root_rank: int | None = None  # torchrun's "Root Cause (first observed failure)" rank
     survived_oom: str | None = None  # a log's CUDA OOM the job went on after (it did not end the job)
     contract_violations: list[Any] = field(default_factory=list)
@@ -688,12 +691,12 @@ class Evidence:
     def promised_bytes(self) -> int | None:
         """Memory the job was promised when a platform limit sits below it (declared GPU, MIG, cap, vGPU)."""
         limited = self.limit_bytes
+        if self.cap_set_by_job and limited == self.fraction_cap_bytes:
+            return None  # the job capped itself, whatever it was declared for
         if self.declared_total_bytes and limited and self.declared_total_bytes > limited * 1.05:
             return self.declared_total_bytes
         if self.declared_total_bytes and limited:
             return None  # it runs in what it was declared for
-        if self.cap_set_by_job and limited == self.fraction_cap_bytes:
-            return None  # the job capped itself
         physical = self.physical_bytes
         if physical and limited and limited < physical * 0.98:
             return physical  # a fraction cap or a vGPU limit below the device (a hooked total: its name's)
@@ -775,6 +778,10 @@ def build_evidence(
             from triage.messages import setup_frame
 
             ev.setup_call = setup_frame(text, ev.message.line_no, ev.message.rank)
+            if ev.setup_call is None:
+                from triage.messages import first_step_bar
+
+                ev.first_step_bar = first_step_bar(text, ev.message.line_no, ev.message.rank)
     _kind(ev)
     if text and snapshot is None and not _get(b, "kind"):
         _went_on(ev, text, from_log)
@@ -787,6 +794,12 @@ def build_evidence(
         ev.notes.append(
             f"The OOM came while the model was being set up ({ev.setup_call}), before the log shows any "
             "training step."
+        )
+    if ev.first_step_bar is not None and ev.step is None:
+        ev.step = 0
+        ev.notes.append(
+            f"The OOM came before the first step finished: the progress bar still read {ev.first_step_bar}, and "
+            "nothing before it showed any progress."
         )
     if text and ev.trend is None and not ev.steps:
         _log_samples(ev, text, from_log)
@@ -2166,6 +2179,47 @@ def allocs_by_site(ev: Evidence) -> dict[tuple[int, Site], list[int]]:
                 out.setdefault((tl.device, site_of[id(fr)]), []).append(i)
     ev.site_allocs = out
     return out
+
+
+RELEASED_CALLS = 2  # whole calls of the model a block outlived before it was freed: it was kept, then let go
+
+
+def released_after_calls(ev: Evidence, sv: Survivors) -> int:
+    """How many of the site's traced allocations were kept across at least ``RELEASED_CALLS`` later calls
+    of the model and then freed: a site that lets go of what it keeps (a memory bank or cache that ages its
+    entries out, however irregularly), unlike a pile that only grows. A leak's freed allocations are its
+    temporaries, freed within their own step; a leak that began late freed its earlier ones the same way."""
+    dev = min(sv.stats.devices) if sv.stats.devices else 0
+    tl = next((t for t in ev.timelines if t.device == dev), None)
+    idx = allocs_by_site(ev).get((dev, sv.site), [])
+    if tl is None or not idx:
+        return 0
+    call_of = _model_calls(ev, tl)
+    seen: set[CallId] = set()
+    starts: list[int] = []
+    for i in sorted(call_of):
+        if call_of[i] not in seen:
+            seen.add(call_of[i])
+            starts.append(i)
+    if len(starts) <= RELEASED_CALLS:
+        return 0
+    mine = set(idx)
+    owner: dict[Any, int] = {}
+    released = 0
+    raw = tl.raw
+    for i in range(idx[0], len(raw)):
+        e = raw[i]
+        action = e.get("action")
+        if action == "alloc":
+            if i in mine:
+                owner[e.get("addr")] = i
+            else:
+                owner.pop(e.get("addr"), None)
+        elif action == "free_requested":
+            a = owner.pop(e.get("addr"), None)
+            if a is not None and bisect_left(starts, i) - bisect_right(starts, a) >= RELEASED_CALLS:
+                released += 1
+    return released
 
 
 def _step_swing(tl: DeviceTimeline) -> int:

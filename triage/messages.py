@@ -62,7 +62,10 @@ Two more readings of a whole log: ``went_on_after`` counts the training-progress
 loss …``) a rank printed after an error, and the fatal error it died of later, so a caught OOM is not taken
 for the failure; ``memory_samples`` reads the live GPU memory a loop printed at its steps (DeepSpeed's
 ``see_memory_usage``, ``torch.cuda.memory_allocated()`` under any name that says allocated, never a max or a
-peak), which stand in for the collector's step samples when a log is all there is.
+peak; in a progress bar's postfix each redraw is a sample, and a key may name its unit,
+``cuda_mem_allocated_gb=4.42``), which stand in for the collector's step samples when a log is all there
+is; ``setup_frame`` and ``first_step_bar`` tell an OOM that came before the first step ended (under the
+model's setup or an inference server's start-up sizing, or with the progress bar still at ``0/N``).
 
 Every pattern is anchored or bounded, and the text of a message is capped at ``MAX_TEXT`` characters,
 so the parse is linear in the input and never raises on arbitrary text.
@@ -84,10 +87,12 @@ __all__ = [
     "VGPU_ATTACH_LINES",
     "OomMessage",
     "ProcessUsage",
+    "first_step_bar",
     "memory_samples",
     "non_pytorch_bytes",
     "parse_message",
     "parse_messages",
+    "setup_frame",
     "split_processes",
     "went_on_after",
 ]
@@ -917,7 +922,10 @@ def went_on_after(text: str, line_no: int, rank: int | None = None) -> tuple[int
         if _RE_FATAL.match(ln.content):
             fatal = ln.content.strip()[:200]
         elif _RE_PROGRESS.search(ln.content):
-            progress += 1
+            # a progress bar redraws itself after carriage returns: each redraw counts (the line reads as
+            # its last one)
+            redraws = [p for p in raw.split("\r") if p.strip()][:-1] if "\r" in raw else []
+            progress += 1 + sum(1 for p in redraws if _RE_PROGRESS.search(p))
             fatal = None  # an error the process went on after is not its last
     return progress, fatal
 
@@ -928,13 +936,21 @@ def went_on_after(text: str, line_no: int, rank: int | None = None) -> tuple[int
 # not a max or peak value.
 _RE_DS_MA = re.compile(r"(?<![\w])MA (\d{1,9}(?:\.\d{1,6})?) ?GB\s{1,40}Max_MA (\d{1,9}(?:\.\d{1,6})?) ?GB")
 _RE_ALLOCATED = re.compile(
-    r"(?<![\w.])((?:[A-Za-z_]{1,40}[._]){0,4}alloc(?:ated)?(?:_bytes(?:\.all\.current)?)?(?:\(\))?)"
+    r"(?<![\w.])((?:[A-Za-z_]{1,40}[._]){0,4}alloc(?:ated)?(?:_bytes(?:\.all\.current)?|_(gib|mib|gb|mb))?(?:\(\))?)"
     r"['\"]?\s{0,3}[:=]?\s{0,3}(\d{1,20}(?:\.\d{1,6})?)\s{0,2}(GiB|MiB|KiB|GB|MB|KB|G|M|bytes|B)?(?![\w])",
+    re.IGNORECASE,
+)
+# "mem(alloc/reserved) 10.75/16.65 GB", "alloc/res: 10.2/16.1 GiB": the pair, allocated first
+_RE_ALLOC_PAIR = re.compile(
+    r"(?<![\w])alloc(?:ated)?\s{0,2}/\s{0,2}(?:res(?:erved)?|cached)\)?['\"]?\s{0,3}[:=]?\s{0,3}"
+    r"(\d{1,20}(?:\.\d{1,6})?)\s{0,2}/\s{0,2}\d{1,20}(?:\.\d{1,6})?\s{0,2}(GiB|MiB|GB|MB|G|M)(?![\w])",
     re.IGNORECASE,
 )
 _RE_PEAK_WORD = re.compile(r"max|peak", re.IGNORECASE)
 _RE_STEP_NO = re.compile(
-    r"(?<![\w])(?:global_step|step|iter(?:ation)?|it)(?![\w])[\s:=#\[]{0,3}(\d{1,9})", re.IGNORECASE
+    r"(?<![\w])(?:global_step|step|iter(?:ation)?|it)(?![\w])[\s:=#\[]{0,8}(\d{1,9})"  # "it    50" padded
+    r"|(?<![\w/])(\d{1,9})/\d{1,9} \[\d",  # a progress bar's "450/10000 [02:10<…"
+    re.IGNORECASE,
 )
 _SHORT_UNITS = {"G": "GIB", "M": "MIB"}
 MIN_SIZED_BYTES = 1 << 20  # a bare number below this is not a byte count of GPU memory
@@ -946,36 +962,44 @@ def memory_samples(text: str, rank: int | None = None, until: int | None = None)
     of ``rank`` or without a rank prefix; a step number from the line or the three lines before it."""
     out: list[dict[str, int]] = []
     lines = text.split("\n")
-    for i, raw in enumerate(lines[: until if until is not None else len(lines)]):
-        if "lloc" not in raw and "MA " not in raw:
+    for i, whole in enumerate(lines[: until if until is not None else len(lines)]):
+        if "lloc" not in whole and "MA " not in whole:
             continue
-        ln = _strip_line(raw)
-        if rank is not None and ln.g is not None and ln.g != rank:
-            continue
-        content = ln.content
-        if "out of memory" in content or "allocate " in content or "allocate=" in content:
-            continue
-        sample = _sample_on(content)
-        if sample is None:
-            continue
-        step = None
-        for j in range(i, max(-1, i - 4), -1):
-            m = _RE_STEP_NO.search(content if j == i else _strip_line(lines[j]).content)
-            if m:
-                step = int(m.group(1))
-                break
-        if step is not None and j == i and out and step == out[-1]["step"]:
-            # the same step printed again, by another rank (ranks without a prefix) or another logger:
-            # one sample, the largest (the rank nearest its limit)
-            last = out[-1]
-            last["allocated_bytes"] = max(last["allocated_bytes"], sample["allocated_bytes"])
-            last["peak_allocated_bytes"] = max(last["peak_allocated_bytes"], sample["peak_allocated_bytes"])
-            continue
-        if step is None or (out and step <= out[-1]["step"]):
-            step = out[-1]["step"] + 1 if out else 0  # unnumbered or repeated: in the order printed
-        sample["step"] = step
-        out.append(sample)
+        # a progress bar redraws itself after carriage returns: each redraw is a sample of its own
+        for raw in whole.split("\r") if "\r" in whole else (whole,):
+            if "lloc" in raw or "MA " in raw:
+                _sample_line(out, lines, i, raw, rank)
     return out
+
+
+def _sample_line(out: list[dict[str, int]], lines: list[str], i: int, raw: str, rank: int | None) -> None:
+    """Add the sample line ``raw`` (of line ``i``) printed, if it is one, to ``out``."""
+    ln = _strip_line(raw)
+    if rank is not None and ln.g is not None and ln.g != rank:
+        return
+    content = ln.content
+    if "out of memory" in content or "allocate " in content or "allocate=" in content:
+        return
+    sample = _sample_on(content)
+    if sample is None:
+        return
+    step = None
+    for j in range(i, max(-1, i - 4), -1):
+        m = _RE_STEP_NO.search(content if j == i else _strip_line(lines[j]).content)
+        if m:
+            step = int(m.group(1) or m.group(2))
+            break
+    if step is not None and j == i and out and step == out[-1]["step"]:
+        # the same step printed again, by another rank (ranks without a prefix) or another logger:
+        # one sample, the largest (the rank nearest its limit)
+        last = out[-1]
+        last["allocated_bytes"] = max(last["allocated_bytes"], sample["allocated_bytes"])
+        last["peak_allocated_bytes"] = max(last["peak_allocated_bytes"], sample["peak_allocated_bytes"])
+        return
+    if step is None or (out and step <= out[-1]["step"]):
+        step = out[-1]["step"] + 1 if out else 0  # unnumbered or repeated: in the order printed
+    sample["step"] = step
+    out.append(sample)
 
 
 def _sample_on(content: str) -> dict[str, int] | None:
@@ -988,20 +1012,25 @@ def _sample_on(content: str) -> dict[str, int] | None:
     current: int | None = None
     peak: int | None = None
     for m in _RE_ALLOCATED.finditer(content):
-        unit = m.group(3)
+        unit = m.group(4) or m.group(
+            2
+        )  # printed after the number, or named in the key ("…_allocated_gb=4.42")
         if unit is None:
-            value = float(m.group(2))
+            value = float(m.group(3))
             if value < MIN_SIZED_BYTES:
                 continue
             size = int(value)
         else:
-            size = parse_size(m.group(2), _SHORT_UNITS.get(unit, unit))
+            size = parse_size(m.group(3), _SHORT_UNITS.get(unit.upper(), unit))
         if _RE_PEAK_WORD.search(m.group(1)):
             peak = peak if peak is not None else size
         elif current is None:
             current = size
     if current is None:
-        return None
+        m = _RE_ALLOC_PAIR.search(content)
+        if m is None:
+            return None
+        current = parse_size(m.group(1), _SHORT_UNITS.get(m.group(2).upper(), m.group(2)))
     return {"allocated_bytes": current, "peak_allocated_bytes": max(current, peak or 0)}
 
 
@@ -1050,6 +1079,9 @@ _RE_SETUP_FRAME = re.compile(
     r'|deepspeed/__init__\.py", line \d+, in initialize'
     r'|accelerate/accelerator\.py", line \d+, in prepare(?:_model)?'
     r'|", line \d+, in (?:from_pretrained|load_state_dict)'
+    # an inference server sizing itself before it serves: vLLM's profiling, warm-up and graph capture
+    r'|vllm/[^"]{1,200}", line \d+, in (?:profile_run|_dummy_run|_dummy_sampler_run|determine_num_available_blocks'
+    r"|determine_available_memory|capture_model|compile_or_warm_up_model|_initialize_kv_caches)"
     r")\b"
 )
 _RE_TRACEBACK_HEAD = re.compile(r"Traceback \(most recent call last\)")
@@ -1083,6 +1115,40 @@ def setup_frame(text: str, line_no: int | None, rank: int | None = None) -> str 
         if (rank is None or ln.g is None or ln.g == rank) and _RE_PROGRESS.search(ln.content):
             return None
     return found
+
+
+_RE_BAR = re.compile(r"(?<![\w/])(\d{1,9})/(\d{1,9}) \[\d")
+_RE_EPOCH_NO = re.compile(r"(?<![\w])epoch(?![\w])\s{0,3}[:=#]?\s{0,3}(\d{1,9})", re.IGNORECASE)
+
+
+def first_step_bar(text: str, line_no: int | None, rank: int | None = None) -> str | None:
+    """The progress bar the log showed before the traceback that ends at line ``line_no`` (1-based), when
+    it still read ``0/N`` and nothing printed before it showed any progress: the first step had not
+    finished (a bar redraws as soon as a step ends). Returns the bar's ``0/N``; else None."""
+    if line_no is None:
+        return None
+    lines = text.split("\n")
+    i = min(line_no, len(lines)) - 2
+    stop = max(-1, line_no - 2 - _SETUP_LOOKBACK)
+    while i > stop and not _RE_TRACEBACK_HEAD.search(lines[i]):
+        i -= 1
+    bar: str | None = None
+    for raw in lines[: max(0, i)]:
+        if rank is not None and (g := _strip_line(raw).g) is not None and g != rank:
+            continue
+        for part in raw.split("\r") if "\r" in raw else (raw,):
+            m = _RE_BAR.search(part)
+            e = _RE_EPOCH_NO.search(part)
+            if (
+                m is not None
+                and int(m.group(1)) == 0
+                and int(m.group(2)) > 0
+                and (e is None or e.group(1) == "0")
+            ):
+                bar = f"0/{m.group(2)}"
+            elif m is not None or _RE_PROGRESS.search(_strip_line(part).content):
+                return None
+    return bar
 
 
 def restart_offsets(text: str) -> list[int]:

@@ -1,0 +1,198 @@
+"""What training and serving frameworks wrap around an OOM in their logs: memory printed in a progress
+bar's postfix or under a key that names its unit, a bar redrawn after carriage returns, a bar that never
+left 0/N, an inference server sizing itself at start-up; and a MIG slice or a memory cap of the job's own
+beside a first step that does not fit. Each is pinned on both sides.
+
+The log lines follow what tqdm, JSON log shippers, Slurm and vLLM print (no framework runs here).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from triage.messages import first_step_bar, memory_samples, went_on_after
+from triage.pipeline import diagnose_bundle, diagnose_text
+
+GiB = 1 << 30
+
+OOM_A100 = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.91 GiB. GPU 0 has a total capacity of "
+    "79.15 GiB of which 703.04 MiB is free. Process 2841771 has 78.46 GiB memory in use. Of the allocated "
+    "memory 77.36 GiB is allocated by PyTorch, and 580.12 MiB is reserved by PyTorch but unallocated."
+)
+TRACEBACK = (
+    'Traceback (most recent call last):\n  File "/w/train.py", line 97, in train_step\n    loss.backward()\n'
+)
+
+
+# ---------------------------------------------------------------- memory printed per step
+def test_a_progress_bar_postfix_redrawn_after_carriage_returns_is_one_sample_per_redraw() -> None:
+    bar = "\r".join(
+        f"train:  {i}%|   | {s}/10000 [00:{i:02d}<53:29, 3.10it/s, loss=0.68, mem_alloc={19 + s / 100:.2f}G]"
+        for i, s in enumerate(range(50, 550, 50))
+    )
+    samples = memory_samples(bar + "\n" + TRACEBACK + OOM_A100 + "\n")
+    assert [s["step"] for s in samples] == list(range(50, 550, 50))
+    assert samples[0]["allocated_bytes"] == round(19.5 * GiB)
+    assert samples[-1]["allocated_bytes"] == round(24.0 * GiB)
+
+
+def test_a_key_that_names_its_unit_and_a_max_beside_it() -> None:
+    line = '{{"msg": "epoch={e} cuda_mem_allocated_gb={a:.2f} cuda_max_mem_allocated_gb={p:.2f}"}}'
+    text = "\n".join(line.format(e=e, a=4.42 + 1.71 * e, p=7.52 + 1.71 * e) for e in range(6))
+    samples = memory_samples(text)
+    assert len(samples) == 6
+    assert samples[0] == {"allocated_bytes": 4_420_000_000, "peak_allocated_bytes": 7_520_000_000, "step": 0}
+
+
+def test_allocated_and_reserved_printed_as_a_pair() -> None:
+    text = "\n".join(
+        f"it {50 * k:5d}  loss 6.88  mem(alloc/reserved) {10.75 + k:.2f}/{16.65 + k:.2f} GB" for k in range(5)
+    )
+    samples = memory_samples(text)
+    assert [s["allocated_bytes"] for s in samples] == [round((10.75 + k) * 1e9) for k in range(5)]
+    assert [s["step"] for s in samples] == [0, 50, 100, 150, 200]
+    # a reserved-only figure is not an allocated one
+    assert memory_samples("step 5 mem reserved 16.65 GB\nstep 6 mem reserved 17.1 GB\n") == []
+
+
+def test_steady_growth_printed_in_a_json_log_is_a_leak() -> None:
+    line = '{{"level":"info","msg":"epoch={e} train_loss=0.5 cuda_mem_allocated_gb={a:.2f}"}}'
+    text = (
+        "\n".join(line.format(e=e, a=4.42 + 1.71 * e) for e in range(9)) + "\n" + TRACEBACK + OOM_A100 + "\n"
+    )
+    d, _ = diagnose_text(text)
+    assert d.verdict == "tensor_leak", d.headline
+    flat = "\n".join(line.format(e=e, a=4.42) for e in range(9)) + "\n" + TRACEBACK + OOM_A100 + "\n"
+    assert diagnose_text(flat)[0].verdict != "tensor_leak"
+
+
+# ---------------------------------------------------------------- a bar redrawn after an OOM the job survived
+def test_redraws_of_a_bar_after_a_caught_oom_count_as_progress() -> None:
+    caught = "[eval] batch 118/640 skipped after CUDA OOM: " + OOM_A100 + "\n"
+    bar = "\r".join(f"train e5:  {k}%|   | {150 * k}/2400 [01:08<17:02, 2.20it/s]" for k in range(1, 13))
+    died = "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory (shm).\n"
+    text = caught + bar + "\n" + died
+    progress, _ = went_on_after(text, 1)
+    assert progress == 12
+    d, _ = diagnose_text(text)
+    assert d.verdict == "shm_exhausted", d.headline
+    # one redraw only: the OOM may still have ended the job
+    assert went_on_after(caught + bar.split("\r")[0] + "\n" + died, 1)[0] == 1
+
+
+# ---------------------------------------------------------------- a first step that never finished
+def _bar_log(before: str) -> str:
+    return before + TRACEBACK + OOM_A100 + "\n"
+
+
+@pytest.mark.parametrize(
+    ("before", "first"),
+    [
+        ("  0%|          | 0/9750 [00:00<?, ?it/s]\n", "0/9750"),
+        ("Epoch 0:   0%|          | 0/500 [00:00<?, ?it/s]\n", "0/500"),
+        (
+            "  0%|          | 0/9750 [00:00<?, ?it/s]\r  0%|          | 1/9750 [00:03<8:00:00, 3.0s/it]\n",
+            None,
+        ),
+        ("Epoch 3:   0%|          | 0/500 [00:00<?, ?it/s]\n", None),  # a later epoch's bar
+        ("step 100 loss 2.1\n  0%|          | 0/50 [00:00<?, ?it/s]\n", None),  # training ran before
+        ("loading shards\n", None),  # no bar at all
+    ],
+)
+def test_a_bar_still_at_zero_means_the_first_step(before: str, first: str | None) -> None:
+    text = _bar_log(before)
+    line_no = text.count("\n")
+    assert first_step_bar(text, line_no) == first
+
+
+def test_a_first_step_that_did_not_fit_is_too_large() -> None:
+    d, ev = diagnose_text(_bar_log("  0%|          | 0/9750 [00:00<?, ?it/s]\n"))
+    assert ev.step == 0
+    assert d.verdict == "workload_too_large", d.headline
+    d, ev = diagnose_text(_bar_log("step 100 loss 2.1\n"))
+    assert ev.step is None and d.verdict == "inconclusive"  # a leak and a big batch look the same
+
+
+VLLM = (
+    "ERROR [core.py:340] Traceback (most recent call last):\n"
+    'ERROR [core.py:340]   File "/usr/lib/python3.12/dist-packages/vllm/v1/worker/gpu_model_runner.py", '
+    "line 1912, in {fn}\n"
+    "ERROR [core.py:340]     sampler_output = self.sampler(logits=dummy_logits)\n"
+    "ERROR [core.py:340] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 594.00 MiB. GPU 0 has a "
+    "total capacity of 79.19 GiB of which 145.06 MiB is free. Process 3183 has 79.04 GiB memory in use. Of the "
+    "allocated memory 77.24 GiB is allocated by PyTorch, and 189.34 MiB is reserved by PyTorch but unallocated.\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("fn", "setup"), [("_dummy_sampler_run", True), ("profile_run", True), ("execute_model", False)]
+)
+def test_an_inference_server_sizing_itself_at_start_up(fn: str, setup: bool) -> None:
+    d, ev = diagnose_text(VLLM.format(fn=fn))
+    assert (ev.setup_call is not None) is setup
+    assert (d.verdict == "workload_too_large") is setup, d.headline
+
+
+# ---------------------------------------------------------------- a slice or a cap of the job's own
+MIG_LOG = (
+    "device: NVIDIA A100-SXM4-80GB MIG 2g.20gb\n"
+    "  0%|          | 0/3000 [00:00<?, ?it/s]\n"
+    + TRACEBACK
+    + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity of "
+    "19.50 GiB of which 812.00 MiB is free. Of the allocated memory 18.31 GiB is allocated by PyTorch, and "
+    "201.00 MiB is reserved by PyTorch but unallocated.\n"
+)
+
+
+def test_a_first_step_that_does_not_fit_a_mig_slice_nothing_says_it_asked_for_is_the_slice() -> None:
+    d, ev = diagnose_text(MIG_LOG)
+    assert ev.step == 0 and ev.mig_profile == "2g.20gb"
+    assert d.verdict == "gpu_quota", d.headline
+    assert "workload_too_large" in d.candidates
+
+
+def _capped_bundle(set_by: dict[str, object] | None, declared: int | None) -> dict[str, object]:
+    total = 84_987_740_160
+    return {
+        "schema": "oom-triage/incident@1",
+        "incident_id": "00000000-0000-4000-8000-00000000c0de",
+        "occurred_at": "2026-11-30T10:00:00+00:00",
+        "kind": "cuda_oom",
+        "error": {
+            "type": "torch.OutOfMemoryError",
+            "message": (
+                "CUDA out of memory. Tried to allocate 1.56 GiB. GPU 0 has a total capacity of 79.15 GiB of which "
+                "39.73 GiB is free. Including non-PyTorch memory, this process has 39.42 GiB memory in use. 39.58 "
+                "GiB allowed; Of the allocated memory 38.85 GiB is allocated by PyTorch, and 47.82 MiB is reserved "
+                "by PyTorch but unallocated."
+            ),
+        },
+        "workload": {"pid": 1207, "pids": [1207], "step": 0, "batch_size": 32},
+        "device": {
+            "index": 0,
+            "name": "NVIDIA A100-SXM4-80GB",
+            "total_bytes": total,
+            "free_bytes": 42_658_824_192,
+            "declared_total_bytes": declared,
+            "processes": [{"pid": 1207, "used_bytes": 42_328_915_968}],
+        },
+        "allocator": {"fraction": 0.5, "fraction_set_by": set_by},
+    }
+
+
+def test_a_cap_the_job_set_itself_is_its_own_limit_whatever_gpu_it_was_declared_for() -> None:
+    own = {
+        "fraction": 0.5,
+        "device": 0,
+        "filename": "/workspace/train.py",
+        "line": 47,
+        "function": "setup_device",
+    }
+    d, ev = diagnose_bundle(_capped_bundle(own, declared=80 * GiB))
+    assert ev.cap_set_by_job and ev.promised_bytes is None
+    assert d.verdict == "workload_too_large", d.headline
+    # a cap of unknown origin under a whole-GPU declaration is the platform's
+    d, ev = diagnose_bundle(_capped_bundle(None, declared=80 * GiB))
+    assert ev.promised_bytes == 80 * GiB
+    assert d.verdict == "gpu_quota", d.headline

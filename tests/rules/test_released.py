@@ -1,0 +1,69 @@
+"""A site that keeps blocks across steps and lets them go again is not a leak: a memory bank of detached
+features (or any cache) that ages its entries out after a few steps, however irregularly, holds a bounded
+number of them. A leak's freed allocations are its temporaries, freed within their own step.
+
+Traces are built as torch records them (see test_kept_calls): the model's allocations under the
+module-call frames, the backward's without Python frames, the bank's entries made at a user line outside
+the model after each forward.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from tests.rules.rawsnap import MiB, Trace
+from tests.rules.test_kept_calls import TRAIN_CALL, backward, forward, line, oom, weights
+from triage.evidence import released_after_calls
+from triage.pipeline import diagnose_snapshot
+from triage.snapshot.loader import normalise
+
+BANK = [line(80, "train_step"), {"filename": "/w/train.py", "line": 210, "name": "main"}]
+
+
+def run(
+    *, steps: int, lifetime: tuple[int, int] | None, scratch: bool = False, seed: int = 0
+) -> dict[str, Any]:
+    """``steps`` training steps, each pushing one 96 MiB entry into a bank at train.py:80; with a
+    ``lifetime`` (in steps, drawn per entry) the bank drops each entry when its time is up, else never."""
+    rng = random.Random(seed)
+    t = Trace(0)
+    weights(t)
+    bank: list[tuple[int, int]] = []  # (step it leaves at, address)
+    for s in range(steps):
+        saved = forward(t, TRAIN_CALL, 128 * MiB)
+        if scratch:
+            t.free(t.alloc(32 * MiB, BANK))  # a temporary from the same line, freed in its step
+        due = s + rng.randint(*lifetime) if lifetime else steps + 1
+        bank.append((due, t.alloc(96 * MiB, BANK)))
+        backward(t, saved)
+        for entry in [e for e in bank if e[0] <= s]:
+            bank.remove(entry)
+            t.free(entry[1])
+    return oom(t, TRAIN_CALL)
+
+
+def test_a_bank_that_ages_its_entries_out_is_not_a_leak() -> None:
+    d, ev = diagnose_snapshot(normalise(run(steps=60, lifetime=(2, 40))))
+    bank = next(s for s in ev.survivors if s.site.line == 80)
+    assert bank.cycles >= 3  # its live entries were made in different steps ...
+    assert not bank.bounded  # ... not oldest first (entries made after its oldest were dropped before it) ...
+    assert released_after_calls(ev, bank) >= 30  # ... and most of the ones it made were let go again
+    assert d.verdict != "tensor_leak", d.headline
+    assert any("lets go of what it keeps" in e.fact for e in d.evidence)
+
+
+def test_a_bank_that_never_lets_go_is_a_leak_at_its_line() -> None:
+    d, ev = diagnose_snapshot(normalise(run(steps=12, lifetime=None, scratch=True)))
+    bank = next(s for s in ev.survivors if s.site.line == 80)
+    assert released_after_calls(ev, bank) == 0  # its temporaries were freed within their own step
+    assert d.verdict == "tensor_leak", d.headline
+    assert d.leak_site is not None and d.leak_site["line"] == 80
+
+
+def test_entries_let_go_within_a_call_or_two_do_not_count() -> None:
+    """Kept for the next step only (a lagged metric), each entry outlives one later call: that is not a
+    bank that ages out, and a leak beside it would still be read."""
+    _, ev = diagnose_snapshot(normalise(run(steps=20, lifetime=(1, 1))))
+    bank = next((s for s in ev.survivors if s.site.line == 80), None)
+    assert bank is None or released_after_calls(ev, bank) == 0
