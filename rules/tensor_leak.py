@@ -239,6 +239,7 @@ def _lead_by_growth(ev: Evidence, f: Finding) -> None:
         and st.count >= 3
         and 0.8 * grown <= st.bytes <= 1.5 * grown
         and (not ev.has_trace or st.traced <= 0.5 * st.count)
+        and not _loads_weights(st)
     ]
     if len(matches) != 1:
         return
@@ -249,6 +250,24 @@ def _lead_by_growth(ev: Evidence, f: Finding) -> None:
         f"{st.count} blocks, {human(st.bytes)}, allocated at {st.site.label} are alive{older}: as much as "
         f"live memory grew over the {trend.steps} sampled steps ({human(grown)})."
     )
+
+
+# frames of loading a model's weights onto the device: what they allocate was there before any step
+_LOADING = frozenset(
+    {
+        "from_pretrained",
+        "load_state_dict",
+        "_load_state_dict_into_meta_model",
+        "set_module_tensor_to_device",
+        "_apply",
+    }
+)
+
+
+def _loads_weights(st: SiteStats) -> bool:
+    """Whether the site's blocks were made loading the model (``from_pretrained``, ``load_state_dict``,
+    ``model.to(device)``): weights, in place before the first step, so never a leak's growth."""
+    return any(isinstance(fr, dict) and fr.get("name") in _LOADING for fr in st.stack)
 
 
 def _lead_by_regrowth(ev: Evidence, f: Finding) -> None:

@@ -763,3 +763,37 @@ def test_worker_bus_errors_after_a_fatal_cuda_oom_do_not_replace_it() -> None:
     )
     _, ev = diagnose_text(WORKER_LINES_AFTER_FATAL_OOM + main_error)
     assert ev.kind == "shm_exhausted"
+
+
+@pytest.mark.parametrize("loaded", [True, False])
+def test_the_weights_loaded_before_the_first_step_are_not_the_growth(loaded: bool) -> None:
+    """The weights (made loading the model, before any step) can match the growth in bytes as well as the
+    leak does; loaded by ``from_pretrained`` they are not a candidate, and the leak is named. Made at an
+    ordinary user line instead, two sites match and none is named."""
+    from rules.base import Finding
+    from triage.snapshot.frames import Site
+    from triage.snapshot.sites import SiteStats
+
+    ev = _sites_after_growth(2)
+    load = [
+        {
+            "filename": "/usr/lib/python3.11/site-packages/transformers/modeling_utils.py",
+            "line": 4225,
+            "name": "from_pretrained",
+        },
+        {"filename": "/w/train.py", "line": 20, "name": "load_model"},
+    ]
+    weights = SiteStats(
+        Site("/w/train.py", 20, "load_model"),
+        bytes=40 * GiB,
+        count=291,
+        traced=0,
+        stack=load if loaded else load[1:],
+    )
+    ev.sites = [*ev.sites[:2], weights]
+    f = Finding(rule="tensor_leak", verdict="tensor_leak", score=0.9)
+    tensor_leak._lead_by_growth(ev, f)
+    if loaded:
+        assert f.leak_site == {"filename": "/w/train.py", "line": 88, "name": "train_step"}
+    else:
+        assert f.leak_site is None
