@@ -1982,20 +1982,28 @@ def _kept_calls(ev: Evidence) -> None:
     last: tuple[Any, Any, Any] | None = None  # the line the last allocation before the OOM was made under
     last_step = -1  # the last allocation an optimizer step made before the OOM
     in_step: dict[int, bool] = {}  # by frames-list identity
+    in_python: dict[int, bool] = {}  # by frames-list identity
+    backwards: list[int] = []  # where each run of allocations without a Python frame began
+    prev_python = True
     for i, e in enumerate(itertools.islice(tl.raw, end)):
         action = e.get("action")
         if action == "alloc":
             call = call_of.get(i)
             last = call[0] if call is not None else None
             if call is None:
-                frames = e.get("frames")
-                if frames:
+                frames = e.get("frames") or ()
+                python = _has_python(ev.classifier, frames, in_python) if frames else False
+                if python:
                     hit = in_step.get(id(frames))
                     if hit is None:
                         hit = in_step[id(frames)] = _optimizer_step(frames)
                     if hit:
                         last_step = i
+                elif prev_python:
+                    backwards.append(i)  # no Python frame: the autograd engine's thread, a backward begun
+                prev_python = python
                 continue
+            prev_python = True
             if call not in volume:
                 key, n = call
                 count[key] = n
@@ -2041,7 +2049,16 @@ def _kept_calls(ev: Evidence) -> None:
             ),
             peak_before=tl.max_level_between(0, first_index[(key, first)]),
             in_call=starts == key,
-            past_step=sum(1 for c in done if first_index[(key, c)] < last_step),
+            past_step=sum(
+                1
+                for c in done
+                if first_index[(key, c)] < last_step
+                # a backward ran after the call and before a later call of the same line: its step was
+                # over, and the call's graph outlived that backward (``retain_graph=True``, a hidden
+                # state carried without ``.detach()``)
+                or bisect_right(backwards, first_index[(key, c)])
+                < bisect_left(backwards, first_index[(key, n)])
+            ),
         )
         # the line whose calls keep the most blocks: whole forward passes (every layer's saved activations)
         # rather than a criterion module's one saved tensor a call, however large
@@ -2141,6 +2158,14 @@ def aligned_step(ev: Evidence) -> AlignedStep | None:
         unmatched=inserted,
     )
     ev.aligned = got
+    return got
+
+
+def _has_python(classifier: FrameClassifier, frames: Sequence[Any], seen: dict[int, bool]) -> bool:
+    """Whether a stack has a Python frame (cached by the frames list's identity)."""
+    got = seen.get(id(frames))
+    if got is None:
+        got = seen[id(frames)] = any(isinstance(f, dict) and classifier.classify(f)[0] for f in frames)
     return got
 
 

@@ -340,20 +340,23 @@ OPTIM = [
 ]
 
 
-def carried_state(*, steps: int, optimizer: bool, static_gib: int = 0) -> dict[str, Any]:
+def carried_state(
+    *, steps: int, optimizer: bool, static_gib: int = 0, backward: bool = True
+) -> dict[str, Any]:
     """A trace from the model's load. Each step's forward is kept: a recurrent model's hidden state is
     carried into the next step without ``.detach()`` (and ``backward(retain_graph=True)`` keeps the graph
     the backward would free). The backward's gradient flows on the engine's thread and is freed; with
     ``optimizer`` each step then updates the weights (Adam makes its state at the first step, under
-    torch/optim's frames). Without it nothing shows a step ended between the calls: a rollout of several
-    forward passes before one backward looks the same."""
+    torch/optim's frames). Without the backward (``backward=False``) and the optimizer nothing shows a step
+    ended between the calls: a rollout of several forward passes before one backward looks the same."""
     t = Trace(0)
     weights(t)
     for _ in range(static_gib):  # a frozen encoder, an embedding table: memory that is no one's leak
         t.alloc(1024 * MiB, WEIGHTS)
     for k in range(steps):
         forward(t, TRAIN_CALL, 128 * MiB)
-        t.free(t.alloc(64 * MiB, []))  # the gradient flowing back through the last step only
+        if backward:
+            t.free(t.alloc(64 * MiB, []))  # the gradient flowing back through the last step only
         if optimizer and k == 0:
             for _ in range(2):
                 t.alloc(512 * MiB, OPTIM)
@@ -366,8 +369,11 @@ def test_forward_passes_that_outlive_an_optimizer_step_are_a_leak(static_gib: in
     """No step free of kept calls is in the trace (every forward since the load is held), but the first
     ones were made before an optimizer step: their step was over, and their graphs were still held. With
     8 GiB of static memory beside them they are about a third of the job's memory, not most of it: past
-    an optimizer step that is enough."""
-    d, ev = diagnose_snapshot(normalise(carried_state(steps=6, optimizer=True, static_gib=static_gib)))
+    an optimizer step that is enough. (The backward's allocations are left out: the optimizer's step
+    alone shows the first step ended.)"""
+    d, ev = diagnose_snapshot(
+        normalise(carried_state(steps=6, optimizer=True, static_gib=static_gib, backward=False))
+    )
     kc = ev.kept_calls
     assert kc is not None and (kc.calls, kc.freed_before, kc.before) == (6, 0, None)
     assert kc.past_step == 1  # the first call came before the optimizer's first step
@@ -378,13 +384,26 @@ def test_forward_passes_that_outlive_an_optimizer_step_are_a_leak(static_gib: in
     assert any("hidden.detach()" in a for a in d.actions)
 
 
-def test_forward_passes_kept_with_no_optimizer_step_between_them_are_not_convicted() -> None:
-    """The same calls held with no optimizer step in the trace: a rollout before one backward."""
-    d, ev = diagnose_snapshot(normalise(carried_state(steps=6, optimizer=False)))
+def test_forward_passes_kept_with_no_step_between_them_are_not_convicted() -> None:
+    """The same calls held with neither a backward nor an optimizer step between them: a rollout of
+    several forward passes before one backward."""
+    d, ev = diagnose_snapshot(normalise(carried_state(steps=6, optimizer=False, backward=False)))
     kc = ev.kept_calls
     assert kc is not None and kc.calls == 6 and kc.past_step == 0
     assert kept_graphs(ev) is None
     assert d.verdict != "tensor_leak"
+
+
+def test_forward_passes_that_outlive_a_backward_before_the_next_call_are_a_leak() -> None:
+    """No optimizer step allocates (a manual SGD update in place), but a backward ran on the engine's
+    thread after each call and before the next one: each call's step was over, and its graph outlived
+    that backward (``backward(retain_graph=True)`` with a hidden state carried without ``.detach()``)."""
+    d, ev = diagnose_snapshot(normalise(carried_state(steps=6, optimizer=False)))
+    kc = ev.kept_calls
+    assert (
+        kc is not None and kc.calls == 6 and kc.past_step == 5
+    )  # no call of the line began after the last one's backward
+    assert d.verdict == "tensor_leak" and d.leak_site == TRAIN_CALL, d.headline
 
 
 @pytest.mark.parametrize(("evals", "leak"), [(6, True), (3, False)])
