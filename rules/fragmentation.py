@@ -127,6 +127,28 @@ def evaluate(ev: Evidence) -> Finding | None:
             "Live memory grew step after step: the holes are a symptom of the growth, not its cause."
         )
         f.score = min(f.score - 0.25, POSSIBLE)
+    needed = ev.needed_bytes
+    peaks = [st.peak_allocated_bytes for st in ev.steps] if len(ev.steps) >= 3 else []
+    if (
+        largest is None
+        and ru >= req
+        and trend is not None
+        and trend.steps >= 3
+        and not growing
+        and peaks
+        and needed is not None
+        and max(peaks) >= needed
+        and not ev.batch_grew_from
+        and not (ev.other_process_bytes and ev.other_process_bytes > ru)
+    ):
+        # the allocator releases every cached segment it can before it gives up: what it still held
+        # unallocated was in split segments; the same steps had run higher, and nothing was growing
+        f.facts.append(
+            f"{len(peaks)} earlier steps of this size peaked at {human(max(peaks))}, more than the "
+            f"{human(needed)} this moment needed, and live memory after each step did not grow: the step fits, "
+            f"and the {human(ru)} left in split segments after the allocator released what it could decided it."
+        )
+        f.score = max(f.score, LIKELY)
     grow = growing_request(ev)
     if grow is not None:
         n, first, last = grow

@@ -797,3 +797,52 @@ def test_the_weights_loaded_before_the_first_step_are_not_the_growth(loaded: boo
         assert f.leak_site == {"filename": "/w/train.py", "line": 88, "name": "train_step"}
     else:
         assert f.leak_site is None
+
+
+def _no_snapshot_bundle(*, peak_gib: float, growing: bool) -> dict[str, object]:
+    """A bundle whose snapshot failed to dump: the message (8.39 GiB reserved but unallocated against a
+    2.50 GiB request, after the allocator released what it could) and nine step samples at batch 8."""
+    steps = [
+        {
+            "step": s,
+            "allocated_bytes": int((10.3 + (0.8 * s if growing else 0.0)) * GiB),
+            "peak_allocated_bytes": int(peak_gib * GiB),
+            "batch_size": 8,
+        }
+        for s in range(9)
+    ]
+    return {
+        "schema": "oom-triage/incident@1",
+        "incident_id": "00000000-0000-4000-8000-00000000f4a6",
+        "occurred_at": "2026-11-30T10:00:00+00:00",
+        "kind": "cuda_oom",
+        "error": {
+            "type": "torch.OutOfMemoryError",
+            "message": (
+                "CUDA out of memory. Tried to allocate 2.50 GiB. GPU 0 has a total capacity of 79.15 GiB of which "
+                "701.56 MiB is free. Process 1203388 has 78.46 GiB memory in use. Of the allocated memory 67.92 GiB "
+                "is allocated by PyTorch, and 8.39 GiB is reserved by PyTorch but unallocated."
+            ),
+        },
+        "workload": {"pid": 1, "pids": [1], "step": 9, "batch_size": 8},
+        "device": {"index": 0, "name": "NVIDIA A100-SXM4-80GB", "total_bytes": 84_987_740_160},
+        "timeline": steps,
+        "snapshot": None,
+    }
+
+
+@pytest.mark.parametrize(
+    ("peak_gib", "growing", "verdict"),
+    [(76.8, False, "fragmentation"), (69.0, False, "inconclusive"), (76.8, True, "tensor_leak")],
+)
+def test_without_a_snapshot_flat_steps_that_ran_higher_leave_the_split_segments(
+    peak_gib: float, growing: bool, verdict: str
+) -> None:
+    """Without the snapshot the largest free block is unknown, but the allocator released every cached
+    segment it could before it gave up: what it still held unallocated was in split segments. When the
+    same steps ran higher before and live memory did not grow, those decided it; a step that needed more
+    than any before, or steady growth, leave the holes a symptom."""
+    from triage.pipeline import diagnose_bundle
+
+    d, _ = diagnose_bundle(_no_snapshot_bundle(peak_gib=peak_gib, growing=growing))
+    assert d.verdict == verdict, d.headline
