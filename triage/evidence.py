@@ -1271,10 +1271,42 @@ def _processes(ev: Evidence) -> None:
                 f"Process {me.pid} was taken to be the job itself: its {human(me.used_bytes)} match the job's "
                 f"{human(ev.reserved_bytes)} reservation plus its CUDA context."
             )
+    _sibling_contexts(ev)
     if ev.total_bytes is not None and ev.device_free_bytes is not None and ev.reserved_bytes is not None:
         ev.non_pytorch_bytes = max(0, ev.total_bytes - ev.device_free_bytes - ev.reserved_bytes)
     _unreported_usage(ev, [p for p in unknown if not p.own])
     ev.other_process_bytes = sum(p.used_bytes for p in ev.processes if not p.own)
+
+
+SIBLING_PIDS = 16  # pids this close to the job's own were started with it (its launcher's other ranks)
+
+
+def _sibling_contexts(ev: Evidence) -> None:
+    """Other processes holding no more than a bare CUDA context on this GPU, with pids next to the job's
+    own (started by the same launcher, one after another): the job's other ranks, which touched this GPU
+    before choosing their own (``torch.cuda.set_device`` after something ran on ``cuda:0``). They are the
+    job's own placement, not a neighbour."""
+    own = [p.pid for p in ev.processes if p.own and p.pid is not None]
+    if not own or ev.bundle.get("device"):
+        return  # the collector's NVML list names the job's pids itself
+    siblings = [
+        p
+        for p in ev.processes
+        if not p.own
+        and p.pid is not None
+        and 0 < p.used_bytes <= CUDA_CONTEXT_MAX
+        and min(abs(p.pid - q) for q in own) <= SIBLING_PIDS
+    ]
+    if not siblings:
+        return
+    for p in siblings:
+        p.own = True
+    ev.notes.append(
+        f"Process{'es' if len(siblings) > 1 else ''} {', '.join(str(p.pid) for p in siblings)} hold{'' if len(siblings) > 1 else 's'} "
+        f"no more than a CUDA context ({human(sum(p.used_bytes for p in siblings))} in all) and were started "
+        "next to the job: its other ranks, which touched this GPU before choosing their own. Set each rank's "
+        "device from LOCAL_RANK (torch.cuda.set_device) before anything runs on the GPU."
+    )
 
 
 def _unreported_usage(ev: Evidence, unknown: list[Process]) -> None:

@@ -285,7 +285,7 @@ def _size(m: re.Match[str], i: int) -> int:
 # ------------------------------------------------------------------------------------------ detection
 
 _TRIGGER = re.compile(
-    r"out of memory|internal assert failed|hami-core|unable to (?:write|allocate|mmap)|no space left"
+    r"out of memory|internal assert failed|hami-core|4pdvgpu|unable to (?:write|allocate|mmap)|no space left"
     r"|killed|bus error|oomkill|(?<!\d)137(?!\d)|sigkill|exitcode|cublas_status_alloc_failed|failed to extend"
     r"|shared memory segment|emptydir volume|running low on memory"
     r"|oom[-_]kill|defaultcpuallocator|preemptively|cuda_error_out_of_memory|cudaerrormemoryallocation",
@@ -302,6 +302,11 @@ _RE_ASSERT = re.compile(
     r"INTERNAL ASSERT FAILED at \"?([^\"\s]{0,512}CUDACachingAllocator\.cpp)\"?:(\d{1,7})"
 )
 _RE_HAMI = re.compile(r"\[HAMI-core ERROR([^\]\n]{0,300})\]: ?Device (\d{1,4}) OOM (\d{1,24}) ?/ ?(\d{1,24})")
+# HAMi's earlier name (4paradigm's vGPU library): "[4pdvGPU ERROR (pid:99 …)]: device OOM encountered:
+# usage=9502195712 limit=8388608000"
+_RE_4PD = re.compile(
+    r"\[4pdvGPU ERROR([^\]\n]{0,300})\]: ?device OOM encountered: usage=(\d{1,24}) limit=(\d{1,24})"
+)
 _RE_HAMI_ALLOC = re.compile(r"\[HAMI-core ERROR([^\]\n]{0,300})\]: ?cuMemoryAllocate failed res=2\b")
 _RE_HAMI_PID = re.compile(r"pid:(\d{1,10})")
 _RE_HAMI_LOC = re.compile(r"([\w.-]{1,64}\.c(?:pp)?:\d{1,7})\)?$")
@@ -414,7 +419,7 @@ def _detect(content: str) -> list[_Hit]:
             hits.append(_Hit(m.start(), OomMessage(CUDA_OOM, "cuda-error", "", extra={"error": m.group(0)})))
     if "internal assert failed" in low:
         hits.extend(_detect_assert(content))
-    if "hami-core" in low:
+    if "hami-core" in low or "4pdvgpu" in low:
         hits.extend(_detect_hami(content))
     if (
         "unable to" in low
@@ -515,6 +520,12 @@ def _detect_hami(content: str) -> list[_Hit]:
         _hami_extra(msg, m.group(1))
         if used >= 2**63:
             msg.extra["vgpu_used_wrapped"] = "true"  # HAMi's unsigned usage counter underflowed
+        hits.append(_Hit(m.start(), msg))
+    m = _RE_4PD.search(content)
+    if m:
+        msg = OomMessage(CUDA_OOM, "vgpu", "")
+        msg.vgpu_used_bytes, msg.vgpu_limit_bytes = int(m.group(2)), int(m.group(3))
+        _hami_extra(msg, m.group(1))
         hits.append(_Hit(m.start(), msg))
     m = _RE_HAMI_ALLOC.search(content)
     if m:
@@ -707,7 +718,13 @@ def _fill_torch(msg: OomMessage, text: str) -> None:
             msg.free_bytes = _size(m, 1)
         for p in _RE_PROC.finditer(norm, pos):
             pid = int(p.group(1)) if p.group(1) else None
-            msg.processes.append(ProcessUsage(pid, _size(p, 2), pid is None))
+            used = _size(p, 2)
+            if used > msg.total_bytes * 1.05:
+                # more than the whole device: NVML could not say (Windows/WDDM and WSL print 2^64 bytes,
+                # "17179869184.00 GiB"); the line names a process whose usage is not known
+                msg.extra["process_usage_unknown"] = "1"
+                continue
+            msg.processes.append(ProcessUsage(pid, used, pid is None))
         if m := _RE_ALLOWED.search(norm, pos):
             msg.allowed_bytes = _size(m, 1)
         if m := _RE_NEW_ALLOC.search(norm, pos):
@@ -1086,6 +1103,7 @@ _RE_SETUP_FRAME = re.compile(
 )
 _RE_TRACEBACK_HEAD = re.compile(r"Traceback \(most recent call last\)")
 _SETUP_LOOKBACK = 400  # lines above an OOM searched for its traceback
+_SEMAPHORE_LOOKBACK = 12  # lines above an ENOSPC searched for the semaphore its traceback was creating
 
 
 def setup_frame(text: str, line_no: int | None, rank: int | None = None) -> str | None:
@@ -1161,6 +1179,10 @@ class _Parser:
         self.lines = text.split("\n")
         self._cache: dict[int, _Line] = {}
 
+    def _semaphore_before(self, i: int) -> bool:
+        """Whether the traceback above line ``i`` was creating a multiprocessing semaphore (``SemLock``)."""
+        return any("SemLock" in self.lines[j] for j in range(max(0, i - _SEMAPHORE_LOOKBACK), i))
+
     def line(self, i: int) -> _Line:
         got = self._cache.get(i)
         if got is None:
@@ -1192,6 +1214,13 @@ class _Parser:
                 continue
             ln = self.line(i)
             hits = _detect(ln.content)
+            if not hits and "[Errno 28]" in raw and self._semaphore_before(i):
+                # a multiprocessing semaphore (a DataLoader worker's queue) lives in /dev/shm
+                at = ln.content.find("[Errno 28]")
+                msg = OomMessage(
+                    SHM_EXHAUSTED, "shm-no-space", "", extra={"errno": "28", "path": "a semaphore"}
+                )
+                hits = [_Hit(_error_start(ln.content, at), msg)]
             for k, hit in enumerate(hits):
                 msg = hit.msg
                 msg.line_no = i + 1

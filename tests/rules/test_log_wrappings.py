@@ -196,3 +196,77 @@ def test_a_cap_the_job_set_itself_is_its_own_limit_whatever_gpu_it_was_declared_
     d, ev = diagnose_bundle(_capped_bundle(None, declared=80 * GiB))
     assert ev.promised_bytes == 80 * GiB
     assert d.verdict == "gpu_quota", d.headline
+
+
+# ---------------------------------------------------------------- process lines NVML could not fill
+WSL = (
+    "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacty of "
+    "24.00 GiB of which 0 bytes is free. Including non-PyTorch memory, this process has 17179869184.00 GiB memory "
+    "in use. Process 2954422 has {other} memory in use. Of the allocated memory 23.01 GiB is allocated by PyTorch, "
+    "and 121.23 MiB is reserved by PyTorch but unallocated.\n"
+)
+
+
+def test_a_process_line_larger_than_the_device_is_usage_nvml_could_not_report() -> None:
+    """Windows (WDDM) and WSL report 2^64 bytes for every process: no neighbour is known from that."""
+    d, ev = diagnose_text(WSL.format(other="17179869184.00 GiB"))
+    assert ev.message is not None and ev.message.processes == []
+    assert ev.message.extra.get("process_usage_unknown") == "1"
+    assert d.verdict != "other_process", d.headline
+    # a real neighbour's line beside the sentinel still counts
+    d, ev = diagnose_text(
+        WSL.format(other="12.00 GiB").replace("23.01 GiB is allocated", "11.01 GiB is allocated")
+    )
+    assert [p.used_bytes for p in ev.message.processes] == [12 * GiB]
+
+
+RANKS = (
+    "deepspeed --include localhost:0,1,2,3,4 src/train_bash.py\n"
+    "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 136.00 MiB. GPU 0 has a total capacty of "
+    "23.65 GiB of which 93.81 MiB is free. Process {a} has 398.00 MiB memory in use. Process {b} has 398.00 MiB "
+    "memory in use. Process 62200 has 21.98 GiB memory in use. Of the allocated memory 21.51 GiB is allocated by "
+    "PyTorch, and 72.34 MiB is reserved by PyTorch but unallocated.\n"
+)
+
+
+def test_bare_contexts_of_processes_started_beside_the_job_are_its_other_ranks() -> None:
+    d, ev = diagnose_text(RANKS.format(a=62201, b=62203))
+    assert ev.other_process_bytes == 0
+    assert any("its other ranks" in e.fact for e in d.evidence)
+    assert d.verdict != "other_process"
+    # far-off pids holding as much are someone else's: they stay neighbours
+    _, ev = diagnose_text(RANKS.format(a=1201, b=88703))
+    assert ev.other_process_bytes == 2 * 398 * (1 << 20)
+
+
+# ---------------------------------------------------------------- other spellings of a platform limit
+def test_hamis_earlier_name_reports_the_vgpu_limit() -> None:
+    log = (
+        " [4pdvGPU ERROR (pid:99 thread=139987068696320 multiprocess_memory_limit.c:277)]: device OOM "
+        "encountered: usage=9502195712 limit=8388608000\n"
+        " python: /libcuda_override/src/multiprocess/multiprocess_memory_limit.c:277: "
+        "set_gpu_device_memory_monitor: Assertion `0' failed.\n"
+    )
+    d, ev = diagnose_text(log)
+    assert ev.message is not None and ev.message.vgpu_limit_bytes == 8388608000
+    assert d.verdict == "gpu_quota", d.headline
+
+
+SEMLOCK = (
+    "Traceback (most recent call last):\n"
+    '  File "/usr/local/lib/python3.10/dist-packages/torch/utils/data/dataloader.py", line 1024, in __init__\n'
+    "    index_queue = multiprocessing_context.Queue()\n"
+    '  File "/usr/lib/python3.10/multiprocessing/synchronize.py", line 57, in __init__\n'
+    "    sl = self._semlock = _multiprocessing.SemLock(\n"
+    "OSError: [Errno 28] No space left on device\n"
+)
+
+
+def test_a_dataloader_queue_semaphore_without_room_is_a_full_dev_shm() -> None:
+    d, _ = diagnose_text(SEMLOCK)
+    assert d.verdict == "shm_exhausted", d.headline
+    # the same error writing a checkpoint is the disk's, not /dev/shm's
+    disk = SEMLOCK.replace(
+        "sl = self._semlock = _multiprocessing.SemLock(", "torch.save(state, path)"
+    ).replace("synchronize.py", "checkpoint.py")
+    assert diagnose_text(disk)[0].verdict != "shm_exhausted"
