@@ -50,12 +50,14 @@ from triage.evidence import (
     filling_site,
     kept_graphs,
     live_under_calls,
+    live_under_calls_before_trace,
     regrown_across_calls,
     regrown_blocks,
     released_after_calls,
     trace_cycles,
     turning_window,
 )
+from triage.snapshot.frames import Site
 from triage.units import GiB, MiB, human
 
 if TYPE_CHECKING:
@@ -298,10 +300,30 @@ def _lead_by_calls(ev: Evidence, f: Finding) -> None:
     stacks of blocks older than the trace say so too) add up to what live memory grew by over the sampled
     steps (0.8-1.5x): model outputs kept with their graphs, every layer's saved activations with them."""
     trend, kc, tl = ev.trend, ev.kept_calls, ev.oom_timeline
-    if trend is None or kc is None or kc.calls < 2 or tl is None or ev.snapshot is None:
+    if trend is None or tl is None or ev.snapshot is None:
         return
     grown = trend.end_bytes - trend.start_bytes
     if grown <= 0:
+        return
+    if kc is None or kc.calls < 2:
+        # a trace too short to show two of the line's calls: the blocks made inside one line's calls
+        # before the trace began, most of what live memory grew by (and no other line's), are what it kept;
+        # the rest of the growth is what each call's loss kept outside the call (its saved log-probabilities)
+        older = [
+            (key, held)
+            for key, held in live_under_calls_before_trace(ev).items()
+            if 0.5 * grown <= held <= 1.5 * grown
+        ]
+        if len(older) != 1:
+            return
+        (filename, line, name), held = older[0]
+        site = Site(str(filename), int(line or 0), str(name))
+        f.leak_site = site.to_dict()
+        f.facts.append(
+            f"{human(held)} of live blocks were made inside calls of the model at {site.label} before the trace "
+            f"began, most of what live memory grew by over the {trend.steps} sampled steps ({human(grown)}): the "
+            "outputs of those calls are kept, with their autograd graphs."
+        )
         return
     held = live_under_calls(ev).get((kc.call.filename, kc.call.line, kc.call.name), (0, 0))[0]
     # calls kept past their optimizer step, about one a step: whole graphs kept (the loss's saved tensors,

@@ -206,6 +206,9 @@ class StepTrend:
     rise_at: tuple[int, ...] = ()  # indices of the step-to-step changes that were increases
     tail_rises: int = 0  # step-to-step changes at the end that were all increases (a leak that began late)
     given_back: float = 0.0  # what the falls gave back, a share of all the rises (a cache cleared at times)
+    # share of changes that fell by more than a hundredth of the largest rise: a staircase whose flat
+    # stretches wobble by a few small blocks (a variable-length batch's last tensors) still never falls
+    major_falling_fraction: float = 0.0
 
     @property
     def never_falls(self) -> bool:
@@ -228,7 +231,7 @@ class StepTrend:
         and stops; one more rise later, after the batch grew, is not a staircase.)"""
         if self.rises < 3 or self.plateaued:
             return False
-        if self.falling_fraction > 0 and (self.falling_fraction > 0.05 or self.given_back > 0.05):
+        if self.major_falling_fraction > 0 and (self.major_falling_fraction > 0.05 or self.given_back > 0.05):
             return False  # a fall now and then that gives back a sliver of the rises (a buffer re-made) is not one
         return self.rises_throughout
 
@@ -364,6 +367,9 @@ class AlignedStep:
     unmatched: int = 0  # allocations of the failing call the earlier one did not make (counted as they are)
 
 
+MINOR_CHANGE = 0.01  # of the largest step-to-step rise: a change smaller than this is a wobble beside it
+
+
 def _trend(samples: Sequence[Any]) -> StepTrend | None:
     return _trend_of(_step_samples(samples))
 
@@ -385,6 +391,8 @@ def _trend_of(ss: Sequence[StepSample]) -> StepTrend | None:
     noise = 512  # live memory after a step is exact to the byte; one rounded block is a change
     rising = sum(1 for d in diffs if d > noise) / len(diffs)
     falling = sum(1 for d in diffs if d < -noise) / len(diffs)
+    floor = max(noise, MINOR_CHANGE * max(diffs))
+    major_falling = sum(1 for d in diffs if d < -floor) / len(diffs)
     xs = [s for s, _, _ in pts]
     mx = sum(xs) / n
     my = sum(vals) / n
@@ -411,6 +419,7 @@ def _trend_of(ss: Sequence[StepSample]) -> StepTrend | None:
         growth_bytes=vals[-1] - min(vals[: max(1, n // 4)]),
         rising_fraction=rising,
         falling_fraction=falling,
+        major_falling_fraction=major_falling,
         slope_bytes_per_step=slope,
         late_growth_bytes=vals[-1] - vals[cut - 1],
         early_growth_bytes=vals[cut - 1] - vals[0],
@@ -1527,7 +1536,11 @@ def _survivors(ev: Evidence) -> None:
             # two calls' first survivors sit at the same point of their forward passes: memory that rose
             # and came back down between them is a forward and a backward that came and went
             if (call_of.get(a) is None or call_of.get(a) != call_of.get(c))
-            and (_is_cycle(tl, a, c, swing) or _call_between(tl, call_of, order, a, c))
+            and (
+                _is_cycle(tl, a, c, swing)
+                or _call_between(tl, call_of, order, a, c)
+                or _next_call_without_grad(tl, call_of, a, c)
+            )
         )
         freed = max(0, st.allocs_in_trace - st.traced)
         after = 0
@@ -1853,6 +1866,28 @@ def live_under_calls(ev: Evidence) -> dict[tuple[Any, Any, Any], tuple[int, int]
     return out
 
 
+def live_under_calls_before_trace(ev: Evidence) -> dict[tuple[Any, Any, Any], int]:
+    """Bytes of the live blocks on the OOM's device made inside the calls of each model-running line before
+    the trace began (their allocation is not in it): what those calls have held since before the trace."""
+    out: dict[tuple[Any, Any, Any], int] = {}
+    tl = ev.oom_timeline
+    if ev.snapshot is None or tl is None or not tl.entries:
+        return out
+    calls: dict[int, tuple[Any, Any, Any] | None] = {}
+    for seg in ev.snapshot.segments:
+        if seg.device != tl.device:
+            continue
+        for b in seg.blocks:
+            if b.allocated and b.frames and b.address not in tl.live_alloc_index:
+                key = id(b.frames)
+                if key not in calls:
+                    calls[key] = model_call(ev.classifier, b.frames)
+                c = calls[key]
+                if c is not None:
+                    out[c] = out.get(c, 0) + b.size
+    return out
+
+
 def _older_frees(ev: Evidence, tl: DeviceTimeline) -> dict[tuple[Any, Any, Any], list[tuple[int, int]]]:
     """Blocks allocated before the trace began and freed in it, by the user line that freed them (the
     innermost user frame of the free's stack): (entry index, size) each. A tensor dies where its last
@@ -1936,6 +1971,26 @@ def _call_between(tl: DeviceTimeline, call_of: dict[int, CallId], order: list[in
     size = size if isinstance(size, int) and size > 0 else 1
     net = tl.level_at(c - 1) - tl.level_at(a)
     return net <= 0.25 * size and tl.volumes[c - 1] - tl.volumes[a] >= 4 * size
+
+
+NO_GRAD_SHARE = 0.1  # of what a call allocated: what a forward without gradients still holds at its end
+
+
+def _next_call_without_grad(tl: DeviceTimeline, call_of: dict[int, CallId], a: int, c: int) -> bool:
+    """Whether two blocks made in different calls of the same model-running line (its outputs, say) have
+    a whole forward pass without gradients between them: an inference or evaluation loop under
+    ``torch.no_grad()`` frees each layer's tensors as it goes, so at the end of the later call little more
+    is live than before it (a tenth of what it allocated), and what it allocated is far more than the
+    earlier block (4x). A forward with gradients holds its saved activations until a backward: it does
+    not qualify, and two calls of one training step are not two steps."""
+    ca, cc = call_of.get(a), call_of.get(c)
+    if ca is None or cc is None or ca[0] != cc[0] or ca[1] >= cc[1]:
+        return False
+    size = tl.raw[a].get("size", 0)
+    size = size if isinstance(size, int) and size > 0 else 1
+    volume = tl.volumes[c - 1] - tl.volumes[a]
+    net = tl.level_at(c - 1) - tl.level_at(a)
+    return volume >= 4 * size and net <= NO_GRAD_SHARE * volume
 
 
 def _model_calls(ev: Evidence, tl: DeviceTimeline) -> dict[int, CallId]:

@@ -18,7 +18,7 @@ import pytest
 
 from tests.rules.rawsnap import MiB, Trace, bundle
 from triage.evidence import kept_graphs
-from triage.pipeline import diagnose_snapshot
+from triage.pipeline import diagnose_bundle, diagnose_snapshot
 from triage.snapshot.loader import normalise
 
 TORCH = "/usr/lib/python3.11/site-packages/torch/nn/modules/module.py"
@@ -473,3 +473,31 @@ def test_blocks_kept_inside_every_forward_are_read_across_steps(first_layer: boo
     site = next(s for s in ev.survivors if s.stats.site.line == 74)
     assert site.cycles >= 6
     assert d.verdict == "tensor_leak" and d.leak_site == hook[0], d.headline
+
+
+def test_calls_kept_before_a_short_trace_began_name_the_line_when_the_steps_prove_the_leak() -> None:
+    """The steps prove a leak (live memory rose 6 GiB by a riser at every evaluation); the trace (a short
+    ring) shows only the current training step, so no two of the validation line's calls are in it. The
+    live blocks whose stacks say they were made inside that line's calls, all older than the trace, are as
+    much as live memory grew: that line is named."""
+    t = Trace(0)
+    weights(t)
+    for j in range(6 * LAYERS):  # six validation calls' saved activations, made before the trace began
+        t.addr += 1 << 30
+        t.live[t.addr] = (128 * MiB, under(EVAL_CALL, 40 + j % 4))  # by the model's lines, none most of it
+    t.entries.clear()  # the ring kept only what follows
+    forward(t, TRAIN_CALL, 128 * MiB)
+    raw = oom(t, TRAIN_CALL)
+    timeline = [
+        {
+            "step": s,
+            "allocated_bytes": 2048 * MiB + (s // 10) * LAYERS * 128 * MiB,
+            "peak_allocated_bytes": 6 * 1024 * MiB,
+        }
+        for s in range(60)
+    ]
+    d, ev = diagnose_bundle(bundle(raw, step=60, timeline=timeline))
+    assert ev.kept_calls is None or ev.kept_calls.call.line != EVAL_CALL["line"]  # the trace cannot show them
+    assert d.verdict == "tensor_leak", d.headline
+    assert d.leak_site == EVAL_CALL
+    assert any("before the trace began" in e.fact for e in d.evidence)

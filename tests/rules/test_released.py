@@ -1,6 +1,8 @@
 """A site that keeps blocks across steps and lets them go again is not a leak: a memory bank of detached
 features (or any cache) that ages its entries out after a few steps, however irregularly, holds a bounded
-number of them. A leak's freed allocations are its temporaries, freed within their own step.
+number of them. A leak's freed allocations are its temporaries, freed within their own step. And an
+inference loop under ``torch.no_grad()`` that keeps each call's output keeps one block a call: each call
+between two of them is a whole forward that gave back what it made, a step of that loop.
 
 Traces are built as torch records them (see test_kept_calls): the model's allocations under the
 module-call frames, the backward's without Python frames, the bank's entries made at a user line outside
@@ -67,3 +69,69 @@ def test_entries_let_go_within_a_call_or_two_do_not_count() -> None:
     _, ev = diagnose_snapshot(normalise(run(steps=20, lifetime=(1, 1))))
     bank = next((s for s in ev.survivors if s.site.line == 80), None)
     assert bank is None or released_after_calls(ev, bank) == 0
+
+
+# ---------------------------------------------------------------- an inference loop keeping its outputs
+PREDICT_CALL = line(63, "run_inference")  # `logits = model(batch).float()` under torch.no_grad()
+
+
+def inference(*, calls: int, keep: bool) -> dict[str, Any]:
+    """An evaluation loop under ``torch.no_grad()``: each call's layers free their tensors as they go, and
+    its 256 MiB output is appended to a list (``keep``) or dropped. No backward anywhere in the trace, and
+    a warm-up's fall far larger than one call's swing, so nothing reads the calls as training steps."""
+    from tests.rules.test_kept_calls import data, under
+
+    t = Trace(0)
+    weights(t)
+    # a warm-up pass over one large batch, freed: the trace's largest fall dwarfs one call's swing
+    t.free(t.alloc(4096 * MiB, under(PREDICT_CALL, 30)))
+    for _ in range(calls):
+        batch = t.alloc(16 * MiB, data(PREDICT_CALL))
+        prev = None
+        for _ in range(
+            16
+        ):  # each layer's output replaces the one before: a call makes far more than it keeps
+            h = t.alloc(128 * MiB, under(PREDICT_CALL, 30))
+            if prev is not None:
+                t.free(prev)
+            prev = h
+        out = t.alloc(256 * MiB, under(PREDICT_CALL, 90))
+        assert prev is not None
+        t.free(prev)
+        t.free(batch)
+        if not keep:
+            t.free(out)
+    t.alloc(16 * MiB, data(PREDICT_CALL))
+    return oom(t, PREDICT_CALL)
+
+
+def test_outputs_kept_by_a_loop_without_gradients_are_a_leak_at_its_call() -> None:
+    d, ev = diagnose_snapshot(normalise(inference(calls=10, keep=True)))
+    kept = next(s for s in ev.survivors if s.site.line == 90)
+    assert kept.cycles == 9  # every call, a whole forward that gave back what it made, between two outputs
+    assert d.verdict == "tensor_leak", d.headline
+    assert d.leak_site == {
+        "filename": "/w/model.py",
+        "line": 90,
+        "name": "forward",
+    }  # the line that made them
+
+
+def test_outputs_dropped_by_a_loop_without_gradients_are_no_leak() -> None:
+    d, ev = diagnose_snapshot(normalise(inference(calls=10, keep=False)))
+    assert not any(s.site.line == 90 for s in ev.survivors)
+    assert d.verdict != "tensor_leak"
+
+
+def test_calls_of_one_training_step_are_not_steps() -> None:
+    """Four views through the model before one backward: each forward holds its saved activations, so the
+    calls between two outputs did not give back what they made."""
+    from tests.rules.test_kept_calls import forward
+
+    t = Trace(0)
+    weights(t)
+    for _ in range(4):
+        forward(t, PREDICT_CALL, 128 * MiB)
+    t.alloc(16 * MiB, BANK)
+    _, ev = diagnose_snapshot(normalise(oom(t, PREDICT_CALL)))
+    assert all(s.cycles == 0 for s in ev.survivors if s.site.line == 30)
