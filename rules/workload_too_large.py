@@ -430,6 +430,19 @@ def evaluate(ev: Evidence) -> Finding | None:
         if beyond is not None:
             if beyond not in f.facts:
                 f.facts.append(beyond)  # the same code with larger tensors: it does not fit, packed or not
+        elif (
+            flat
+            and usable is not None
+            and usable - needed < MIN_WASTE_FRACTION * usable
+            and (ev.reserved_unallocated_bytes or 0) < MIN_WASTE_FRACTION * usable
+        ):
+            # whatever it ran, it had taken all but a sliver of what the job could hold and was not done;
+            # the steps rule out a leak, and packing the cache would have bought less than that sliver
+            f.facts.append(
+                f"Whatever it ran, it had taken all but {human(usable - needed)} of the {human(usable)} the job "
+                "could hold and had not finished; packing the cache would have bought less than that."
+            )
+            f.score = min(f.score, LIKELY - 0.05)
         else:
             f.missing.append(
                 "what this step ran that the earlier ones did not (its input sizes, train or eval)"

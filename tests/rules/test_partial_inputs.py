@@ -846,3 +846,44 @@ def test_without_a_snapshot_flat_steps_that_ran_higher_leave_the_split_segments(
 
     d, _ = diagnose_bundle(_no_snapshot_bundle(peak_gib=peak_gib, growing=growing))
     assert d.verdict == verdict, d.headline
+
+
+def _longer_step_bundle(*, unallocated_gib: float) -> dict[str, object]:
+    """An H100 job whose 12 flat steps peaked at 58 GiB; the failing step (a longer input) already holds
+    far more and asks for 2 GiB with only a sliver of the device left."""
+    free_gib = 1.70
+    reserved_gib = 79.15 - 0.85 - free_gib  # the rest of the device: this process's, less its context
+    steps = [
+        {"step": s, "allocated_bytes": 39 * GiB, "peak_allocated_bytes": 58 * GiB, "batch_size": 8}
+        for s in range(12)
+    ]
+    return {
+        "schema": "oom-triage/incident@1",
+        "incident_id": "00000000-0000-4000-8000-0000000010ab",
+        "occurred_at": "2026-11-30T10:00:00+00:00",
+        "kind": "cuda_oom",
+        "error": {
+            "type": "torch.OutOfMemoryError",
+            "message": (
+                f"CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which "
+                f"{free_gib:.2f} GiB is free. Including non-PyTorch memory, this process has {79.15 - free_gib:.2f} "
+                f"GiB memory in use. Of the allocated memory {reserved_gib - unallocated_gib:.2f} GiB is allocated by "
+                f"PyTorch, and {unallocated_gib:.2f} GiB is reserved by PyTorch but unallocated."
+            ),
+        },
+        "workload": {"pid": 1, "pids": [1], "step": 12, "batch_size": 8},
+        "device": {"index": 0, "name": "NVIDIA H100 80GB HBM3", "total_bytes": int(79.15 * GiB)},
+        "timeline": steps,
+        "snapshot": None,
+    }
+
+
+@pytest.mark.parametrize(("unallocated_gib", "verdict"), [(2.6, "workload_too_large"), (8.0, "inconclusive")])
+def test_a_longer_step_that_took_all_but_a_sliver_is_too_large(unallocated_gib: float, verdict: str) -> None:
+    """Far more than every earlier step, with flat steps ruling out a leak: when it had taken all but a
+    sliver of what the job could hold and packing the cache would have bought less than that, whatever the
+    step ran, it is too large. With several GiB stranded, packing might have let it finish: undecided."""
+    from triage.pipeline import diagnose_bundle
+
+    d, _ = diagnose_bundle(_longer_step_bundle(unallocated_gib=unallocated_gib))
+    assert d.verdict == verdict, d.headline
