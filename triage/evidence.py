@@ -49,6 +49,43 @@ _RE_OTHER_KILLER = re.compile(
     r"|\bStopping container\b|\bspot (?:instance )?interruption\b|Received Signals\.SIGTERM death signal",
     re.IGNORECASE | re.MULTILINE,
 )
+# words one of which every line _RE_OTHER_KILLER matches holds (lower case): only those lines are searched
+_KILLER_WORDS = (
+    "kill",
+    "liveness",
+    "time limit",
+    "preempt",
+    "reason:",
+    "low on resource",
+    "emptydir",
+    "ephemeral",
+    "stopping container",
+    "spot",
+    "sigterm",
+)
+
+
+def _lines_with(text: str, words: Sequence[str]) -> list[str]:
+    """The lines of ``text`` that hold one of ``words`` (lower case; matched ignoring case), in order: a
+    whole log is searched once per word at C speed, and only those lines go through a slower pattern."""
+    low = text.lower()
+    starts: set[int] = set()
+    for w in words:
+        i = low.find(w)
+        while i >= 0:
+            start = low.rfind("\n", 0, i) + 1
+            starts.add(start)
+            end = low.find("\n", i)
+            if end < 0:
+                break
+            i = low.find(w, end)
+    out = []
+    for start in sorted(starts):
+        end = text.find("\n", start)
+        out.append(text[start : end if end >= 0 else None])
+    return out
+
+
 # The job's own worker processes, as its launcher prints them: torchrun's teardown and failure summary,
 # DeepSpeed's launcher, Ray Train's worker list and log prefixes.
 _RE_LAUNCHER_PID = re.compile(
@@ -758,16 +795,20 @@ def build_evidence(
         roots = [int(m.group(1)) for t in texts for m in _RE_ROOT_CAUSE.finditer(t)]
         if roots:
             ev.root_rank = roots[-1]
-        killers = [m for t in texts for m in _RE_OTHER_KILLER.finditer(t)]
+        killers = [ln for t in texts for ln in _lines_with(t, _KILLER_WORDS) if _RE_OTHER_KILLER.search(ln)]
         if killers:
-            k = killers[-1]
-            line_start = k.string.rfind("\n", 0, k.start()) + 1
-            line_end = k.string.find("\n", k.end())
-            ev.other_killer = k.string[line_start : line_end if line_end >= 0 else None].strip()[:200]
-        profiles = {p.lower() for t in texts for p in _RE_MIG_PROFILE.findall(t)}
+            ev.other_killer = killers[-1].strip()[:200]
+        profiles = {
+            p.lower() for t in texts for ln in _lines_with(t, ("mig",)) for p in _RE_MIG_PROFILE.findall(ln)
+        }
         if len(profiles) == 1:  # several different slices listed (nvidia-smi -L of the node): not decided
             ev.log_mig_profile = profiles.pop()
-        names = {n for t in texts for n in _RE_PRODUCT_NAME.findall(t)}
+        names = {
+            n
+            for t in texts
+            for ln in _lines_with(t, ("nvidia", "tesla"))
+            for n in _RE_PRODUCT_NAME.findall(ln)
+        }
         if len({_named_bytes(n) for n in names}) == 1:  # products of several sizes named: not decided
             ev.log_device_name = sorted(names)[0]
         from triage.messages import parse_messages

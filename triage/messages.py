@@ -73,6 +73,7 @@ so the parse is linear in the input and never raises on arbitrary text.
 
 from __future__ import annotations
 
+import itertools
 import re
 from bisect import bisect_left, bisect_right
 from collections import deque
@@ -284,6 +285,32 @@ def _size(m: re.Match[str], i: int) -> int:
 
 # ------------------------------------------------------------------------------------------ detection
 
+# a literal (lower case) of every alternative of _TRIGGER: a line with none of them cannot match it
+_TRIGGER_WORDS = (
+    "out of memory",
+    "internal assert failed",
+    "hami-core",
+    "4pdvgpu",
+    "unable to",
+    "no space left",
+    "killed",
+    "bus error",
+    "oomkill",
+    "137",
+    "sigkill",
+    "exitcode",
+    "cublas_status_alloc_failed",
+    "failed to extend",
+    "shared memory segment",
+    "emptydir volume",
+    "running low on memory",
+    "oom-kill",
+    "oom_kill",
+    "defaultcpuallocator",
+    "preemptively",
+    "cuda_error_out_of_memory",
+    "cudaerrormemoryallocation",
+)
 _TRIGGER = re.compile(
     r"out of memory|internal assert failed|hami-core|4pdvgpu|unable to (?:write|allocate|mmap)|no space left"
     r"|killed|bus error|oomkill|(?<!\d)137(?!\d)|sigkill|exitcode|cublas_status_alloc_failed|failed to extend"
@@ -325,7 +352,8 @@ _RE_NCCL_SEGMENT = re.compile(
 # the kubelet evicting a pod whose memory-backed /dev/shm volume went over its sizeLimit
 _RE_EMPTYDIR = re.compile(r'Usage of EmptyDir volume "([^"]{1,253})" exceeds the limit "([^"]{1,64})"')
 _RE_DL_SIGNAL = re.compile(
-    r"DataLoader worker \(pid (\d{1,10})\) is killed by signal: ([A-Za-z][A-Za-z ]{0,40}?)\."
+    # the signal's name ends the sentence, or the line when a paste wrapped it ("…signal: Bus" / "error. …")
+    r"DataLoader worker \(pid (\d{1,10})\) is killed by signal: ([A-Za-z][A-Za-z ]{0,40}?)(?:\.|\s*$)"
 )
 _RE_WORKER_BUS = re.compile(r"Unexpected bus error encountered in worker", re.IGNORECASE)
 _RE_KERNEL = re.compile(
@@ -439,7 +467,7 @@ def _detect(content: str) -> list[_Hit]:
         if m:
             sig = m.group(2)
             pid = int(m.group(1))
-            if sig == "Bus error":
+            if sig in ("Bus error", "Bus"):
                 msg = OomMessage(SHM_EXHAUSTED, "shm-bus-error", "", worker_pid=pid, extra={"signal": sig})
                 hits.append(_Hit(m.start(), msg))
             elif sig == "Killed":
@@ -1192,7 +1220,25 @@ class _Parser:
             self._cache[i] = got
         return got
 
+    def _hot_lines(self) -> set[int]:
+        """Indices of the lines that hold one of ``_TRIGGER_WORDS``: found at C speed in the whole text, so
+        the trigger pattern runs on those lines only."""
+        whole = "\n".join(self.lines)
+        low = whole.lower()
+        if len(low) != len(whole):  # a character whose lower case is longer ("İ"): offsets would drift
+            return set(range(len(self.lines)))
+        starts = list(itertools.accumulate((len(ln) + 1 for ln in self.lines), initial=0))
+        hot: set[int] = set()
+        for w in _TRIGGER_WORDS:
+            i = low.find(w)
+            while i >= 0:
+                k = bisect_right(starts, i) - 1
+                hot.add(k)
+                i = low.find(w, starts[k + 1] if k + 1 < len(starts) else len(low))
+        return hot
+
     def run(self) -> list[OomMessage]:
+        hot = self._hot_lines()
         found: list[_Found] = []
         killed: list[_Found] = []
         host_lines: set[int] = set()
@@ -1210,7 +1256,7 @@ class _Parser:
                 ctx = None
             if "estart" in raw and _RE_RESTART.search(raw):
                 restarts.append(i)
-            if i in consumed or not _TRIGGER.search(raw):
+            if i in consumed or i not in hot or not _TRIGGER.search(raw):
                 continue
             ln = self.line(i)
             hits = _detect(ln.content)

@@ -270,3 +270,14 @@ def test_a_dataloader_queue_semaphore_without_room_is_a_full_dev_shm() -> None:
         "sl = self._semlock = _multiprocessing.SemLock(", "torch.save(state, path)"
     ).replace("synchronize.py", "checkpoint.py")
     assert diagnose_text(disk)[0].verdict != "shm_exhausted"
+
+
+def test_a_worker_bus_error_wrapped_by_the_paste_is_still_one() -> None:
+    log = (
+        "RuntimeError: DataLoader worker (pid 47) is killed by signal: Bus\n"
+        "error. It is possible that dataloader's workers are out of shared\n"
+        "memory. Please try to raise your shared memory limit.\n"
+    )
+    assert diagnose_text(log)[0].verdict == "shm_exhausted"
+    killed = "RuntimeError: DataLoader worker (pid 47) is killed by signal: Killed.\n"
+    assert diagnose_text(killed)[0].verdict != "shm_exhausted"
