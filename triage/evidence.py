@@ -243,9 +243,10 @@ class StepTrend:
     rise_at: tuple[int, ...] = ()  # indices of the step-to-step changes that were increases
     tail_rises: int = 0  # step-to-step changes at the end that were all increases (a leak that began late)
     given_back: float = 0.0  # what the falls gave back, a share of all the rises (a cache cleared at times)
-    # share of changes that fell by more than a hundredth of the largest rise: a staircase whose flat
+    # share of changes that fell by more than a twentieth of the largest rise: a staircase whose flat
     # stretches wobble by a few small blocks (a variable-length batch's last tensors) still never falls
     major_falling_fraction: float = 0.0
+    major_given_back: float = 0.0  # what those falls gave back, a share of all the rises
 
     @property
     def never_falls(self) -> bool:
@@ -268,7 +269,9 @@ class StepTrend:
         and stops; one more rise later, after the batch grew, is not a staircase.)"""
         if self.rises < 3 or self.plateaued:
             return False
-        if self.major_falling_fraction > 0 and (self.major_falling_fraction > 0.05 or self.given_back > 0.05):
+        if self.major_falling_fraction > 0 and (
+            self.major_falling_fraction > 0.05 or self.major_given_back > 0.05
+        ):
             return False  # a fall now and then that gives back a sliver of the rises (a buffer re-made) is not one
         return self.rises_throughout
 
@@ -404,7 +407,9 @@ class AlignedStep:
     unmatched: int = 0  # allocations of the failing call the earlier one did not make (counted as they are)
 
 
-MINOR_CHANGE = 0.01  # of the largest step-to-step rise: a change smaller than this is a wobble beside it
+# of the largest step-to-step rise: a change smaller than this is a wobble beside it (memory printed at a
+# point of the step that moves a little, a variable-length batch's last tensors)
+MINOR_CHANGE = 0.05
 
 
 def _trend(samples: Sequence[Any]) -> StepTrend | None:
@@ -467,6 +472,7 @@ def _trend_of(ss: Sequence[StepSample]) -> StepTrend | None:
         rise_at=tuple(i for i, d in enumerate(diffs) if d > noise),
         tail_rises=next((i for i, d in enumerate(reversed(diffs)) if d <= noise), len(diffs)),
         given_back=-sum(d for d in diffs if d < 0) / max(1, sum(d for d in diffs if d > 0)),
+        major_given_back=-sum(d for d in diffs if d < -floor) / max(1, sum(d for d in diffs if d > 0)),
     )
 
 

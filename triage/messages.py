@@ -994,11 +994,17 @@ _RE_ALLOC_PAIR = re.compile(
 _RE_PEAK_WORD = re.compile(r"max|peak", re.IGNORECASE)
 _RE_STEP_NO = re.compile(
     r"(?<![\w])(?:global_step|step|iter(?:ation)?|it)(?![\w])[\s:=#\[]{0,8}(\d{1,9})"  # "it    50" padded
-    r"|(?<![\w/])(\d{1,9})/\d{1,9} \[\d",  # a progress bar's "450/10000 [02:10<…"
+    r"|(?<![\w/])(\d{1,9})/\d{1,9} \[\d"  # a progress bar's "450/10000 [02:10<…"
+    r"|\(after (\d{1,9}) iterations\)",  # Megatron's memory report
     re.IGNORECASE,
 )
 _SHORT_UNITS = {"G": "GIB", "M": "MIB"}
 MIN_SIZED_BYTES = 1 << 20  # a bare number below this is not a byte count of GPU memory
+RESTART_LEVEL = 1.05  # of the first sample's live memory: a count that starts again at this level restarted
+# a unit printed once for the whole line: Megatron's "memory (MB) | allocated: 20121.6 | max allocated: …"
+# (torch's bytes / 1024**2, printed as MB)
+_RE_HEADER_UNIT = re.compile(r"\((MB|GB|MiB|GiB)\)")
+_HEADER_UNITS = {"MB": "MIB", "GB": "GIB", "MiB": "MIB", "GiB": "GIB"}
 
 
 def memory_samples(text: str, rank: int | None = None, until: int | None = None) -> list[dict[str, int]]:
@@ -1007,7 +1013,15 @@ def memory_samples(text: str, rank: int | None = None, until: int | None = None)
     of ``rank`` or without a rank prefix; a step number from the line or the three lines before it."""
     out: list[dict[str, int]] = []
     lines = text.split("\n")
-    for i, whole in enumerate(lines[: until if until is not None else len(lines)]):
+    end = min(until if until is not None else len(lines), len(lines))
+    # the attempt the failure belongs to: after the launcher's last restart of the workers before it
+    start = 0
+    for j in range(end - 1, -1, -1):
+        if "estart" in lines[j] and _RE_RESTART.search(lines[j]):
+            start = j + 1
+            break
+    for i in range(start, end):
+        whole = lines[i]
         if "lloc" not in whole and "MA " not in whole:
             continue
         # a progress bar redraws itself after carriage returns: each redraw is a sample of its own
@@ -1032,7 +1046,7 @@ def _sample_line(out: list[dict[str, int]], lines: list[str], i: int, raw: str, 
     for j in range(i, max(-1, i - 4), -1):
         m = _RE_STEP_NO.search(content if j == i else _strip_line(lines[j]).content)
         if m:
-            step = int(m.group(1) or m.group(2))
+            step = int(m.group(1) or m.group(2) or m.group(3))
             break
     if step is not None and j == i and out and step == out[-1]["step"]:
         # the same step printed again, by another rank (ranks without a prefix) or another logger:
@@ -1041,6 +1055,18 @@ def _sample_line(out: list[dict[str, int]], lines: list[str], i: int, raw: str, 
         last["allocated_bytes"] = max(last["allocated_bytes"], sample["allocated_bytes"])
         last["peak_allocated_bytes"] = max(last["peak_allocated_bytes"], sample["peak_allocated_bytes"])
         return
+    if (
+        step is not None
+        and j == i
+        and out
+        and step < out[-1]["step"]
+        and sample["allocated_bytes"]
+        <= RESTART_LEVEL * out[0]["allocated_bytes"]
+        < max(s["allocated_bytes"] for s in out)
+    ):
+        # the count started again and live memory is back where the first sample was: a new attempt (a
+        # container restarted, a job requeued), whose samples are the ones that count
+        out.clear()
     if step is None or (out and step <= out[-1]["step"]):
         step = out[-1]["step"] + 1 if out else 0  # unnumbered or repeated: in the order printed
     sample["step"] = step
@@ -1056,10 +1082,10 @@ def _sample_on(content: str) -> dict[str, int] | None:
         }
     current: int | None = None
     peak: int | None = None
+    header = _RE_HEADER_UNIT.search(content) if "(" in content else None
     for m in _RE_ALLOCATED.finditer(content):
-        unit = m.group(4) or m.group(
-            2
-        )  # printed after the number, or named in the key ("…_allocated_gb=4.42")
+        # printed after the number, named in the key ("…_allocated_gb=4.42"), or once for the whole line
+        unit = m.group(4) or m.group(2) or (_HEADER_UNITS[header.group(1)] if header is not None else None)
         if unit is None:
             value = float(m.group(3))
             if value < MIN_SIZED_BYTES:

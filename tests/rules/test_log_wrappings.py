@@ -281,3 +281,38 @@ def test_a_worker_bus_error_wrapped_by_the_paste_is_still_one() -> None:
     assert diagnose_text(log)[0].verdict == "shm_exhausted"
     killed = "RuntimeError: DataLoader worker (pid 47) is killed by signal: Killed.\n"
     assert diagnose_text(killed)[0].verdict != "shm_exhausted"
+
+
+# ---------------------------------------------------------------- long logs of several attempts
+def _megatron(it: int, mb: float, rank: int = 0) -> str:
+    return (
+        f"[default{rank}]:[Rank {rank}] (after {it} iterations) memory (MB) | allocated: {mb:.1f} | max allocated: "
+        f"{mb + 1400:.1f} | reserved: {mb + 2200:.1f} | max reserved: {mb + 2200:.1f}"
+    )
+
+
+def test_megatrons_memory_report_prints_its_unit_once_for_the_line() -> None:
+    samples = memory_samples("\n".join(_megatron(500 * k, 20121.6 + 1500 * k) for k in range(1, 6)))
+    assert [s["allocated_bytes"] for s in samples] == [
+        round((20121.6 + 1500 * k) * 2**20) for k in range(1, 6)
+    ]
+
+
+def test_the_samples_are_the_last_attempts() -> None:
+    """Live memory rose in both attempts from the same baseline; the launcher restarted the workers in
+    between, or the count started again with memory back at its first level: only the last attempt's
+    samples are read (the drop at the restart is not a fall of the job's memory)."""
+    first = [_megatron(500 * k, 18600 + 1500 * k) for k in range(1, 30)]
+    second = [_megatron(500 * k, 18600 + 1500 * k) for k in range(1, 25)]
+    restart = "torch.distributed.elastic.agent.server.api: [INFO] [default] Restarting worker group"
+    samples = memory_samples("\n".join([*first, restart, *second]))
+    assert len(samples) == 24 and samples[0]["allocated_bytes"] == round((18600 + 1500) * 2**20)
+    samples = memory_samples("\n".join([*first, "starting job attempt=1", *second]))
+    assert len(samples) == 24  # no restart line: the count started again at the first level
+    # a count per epoch that starts again while memory stays up is not a new attempt
+    per_epoch = [
+        f"epoch {e} step {k} mem_allocated {10 + e * 5 + k * 0.01:.2f} GiB"
+        for e in range(3)
+        for k in range(5)
+    ]
+    assert len(memory_samples("\n".join(per_epoch))) == 15

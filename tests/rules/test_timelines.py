@@ -146,7 +146,7 @@ def test_a_staircase_between_its_risers_has_not_levelled_off() -> None:
 def test_a_staircase_whose_flat_stretches_wobble_is_still_one() -> None:
     """Validation losses kept with their graphs every five steps (1.7 GiB each time); between the risers
     live memory wobbles by a few small blocks either way (a variable-length batch's last tensors): those
-    falls are a hundredth of a riser or less and give back nothing. A cache cleared every few steps, whose
+    falls are a twentieth of a riser or less and give back little. A cache cleared every few steps, whose
     falls give back what it rose by, is not a staircase however small its steps."""
     from triage.evidence import _trend
 
