@@ -306,7 +306,7 @@ def test_the_samples_are_the_last_attempts() -> None:
     second = [_megatron(500 * k, 18600 + 1500 * k) for k in range(1, 25)]
     restart = "torch.distributed.elastic.agent.server.api: [INFO] [default] Restarting worker group"
     samples = memory_samples("\n".join([*first, restart, *second]))
-    assert len(samples) == 24 and samples[0]["allocated_bytes"] == round((18600 + 1500) * 2**20)
+    assert len(samples) == 24 and samples[0]["allocated_bytes"] == (18600 + 1500) * 2**20
     samples = memory_samples("\n".join([*first, "starting job attempt=1", *second]))
     assert len(samples) == 24  # no restart line: the count started again at the first level
     # a count per epoch that starts again while memory stays up is not a new attempt
