@@ -799,10 +799,27 @@ def test_the_weights_loaded_before_the_first_step_are_not_the_growth(loaded: boo
         assert f.leak_site is None
 
 
+def _message_bundle(
+    message: str, steps: list[dict[str, object]], device: dict[str, object]
+) -> dict[str, object]:
+    """A bundle whose snapshot failed to dump: the OOM message, the step samples at batch 8, the device."""
+    return {
+        "schema": "oom-triage/incident@1",
+        "incident_id": "00000000-0000-4000-8000-00000000f4a6",
+        "occurred_at": "2026-11-30T10:00:00+00:00",
+        "kind": "cuda_oom",
+        "error": {"type": "torch.OutOfMemoryError", "message": message},
+        "workload": {"pid": 1, "pids": [1], "step": len(steps), "batch_size": 8},
+        "device": {"index": 0, **device},
+        "timeline": steps,
+        "snapshot": None,
+    }
+
+
 def _no_snapshot_bundle(*, peak_gib: float, growing: bool) -> dict[str, object]:
-    """A bundle whose snapshot failed to dump: the message (8.39 GiB reserved but unallocated against a
-    2.50 GiB request, after the allocator released what it could) and nine step samples at batch 8."""
-    steps = [
+    """The message (8.39 GiB reserved but unallocated against a 2.50 GiB request, after the allocator
+    released what it could) and nine step samples."""
+    steps: list[dict[str, object]] = [
         {
             "step": s,
             "allocated_bytes": int((10.3 + (0.8 * s if growing else 0.0)) * GiB),
@@ -811,24 +828,12 @@ def _no_snapshot_bundle(*, peak_gib: float, growing: bool) -> dict[str, object]:
         }
         for s in range(9)
     ]
-    return {
-        "schema": "oom-triage/incident@1",
-        "incident_id": "00000000-0000-4000-8000-00000000f4a6",
-        "occurred_at": "2026-11-30T10:00:00+00:00",
-        "kind": "cuda_oom",
-        "error": {
-            "type": "torch.OutOfMemoryError",
-            "message": (
-                "CUDA out of memory. Tried to allocate 2.50 GiB. GPU 0 has a total capacity of 79.15 GiB of which "
-                "701.56 MiB is free. Process 1203388 has 78.46 GiB memory in use. Of the allocated memory 67.92 GiB "
-                "is allocated by PyTorch, and 8.39 GiB is reserved by PyTorch but unallocated."
-            ),
-        },
-        "workload": {"pid": 1, "pids": [1], "step": 9, "batch_size": 8},
-        "device": {"index": 0, "name": "NVIDIA A100-SXM4-80GB", "total_bytes": 84_987_740_160},
-        "timeline": steps,
-        "snapshot": None,
-    }
+    message = (
+        "CUDA out of memory. Tried to allocate 2.50 GiB. GPU 0 has a total capacity of 79.15 GiB of which "
+        "701.56 MiB is free. Process 1203388 has 78.46 GiB memory in use. Of the allocated memory 67.92 GiB "
+        "is allocated by PyTorch, and 8.39 GiB is reserved by PyTorch but unallocated."
+    )
+    return _message_bundle(message, steps, {"name": "NVIDIA A100-SXM4-80GB", "total_bytes": 84_987_740_160})
 
 
 @pytest.mark.parametrize(
@@ -853,29 +858,17 @@ def _longer_step_bundle(*, unallocated_gib: float) -> dict[str, object]:
     far more and asks for 2 GiB with only a sliver of the device left."""
     free_gib = 1.70
     reserved_gib = 79.15 - 0.85 - free_gib  # the rest of the device: this process's, less its context
-    steps = [
+    steps: list[dict[str, object]] = [
         {"step": s, "allocated_bytes": 39 * GiB, "peak_allocated_bytes": 58 * GiB, "batch_size": 8}
         for s in range(12)
     ]
-    return {
-        "schema": "oom-triage/incident@1",
-        "incident_id": "00000000-0000-4000-8000-0000000010ab",
-        "occurred_at": "2026-11-30T10:00:00+00:00",
-        "kind": "cuda_oom",
-        "error": {
-            "type": "torch.OutOfMemoryError",
-            "message": (
-                f"CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which "
-                f"{free_gib:.2f} GiB is free. Including non-PyTorch memory, this process has {79.15 - free_gib:.2f} "
-                f"GiB memory in use. Of the allocated memory {reserved_gib - unallocated_gib:.2f} GiB is allocated by "
-                f"PyTorch, and {unallocated_gib:.2f} GiB is reserved by PyTorch but unallocated."
-            ),
-        },
-        "workload": {"pid": 1, "pids": [1], "step": 12, "batch_size": 8},
-        "device": {"index": 0, "name": "NVIDIA H100 80GB HBM3", "total_bytes": int(79.15 * GiB)},
-        "timeline": steps,
-        "snapshot": None,
-    }
+    message = (
+        f"CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which "
+        f"{free_gib:.2f} GiB is free. Including non-PyTorch memory, this process has {79.15 - free_gib:.2f} "
+        f"GiB memory in use. Of the allocated memory {reserved_gib - unallocated_gib:.2f} GiB is allocated by "
+        f"PyTorch, and {unallocated_gib:.2f} GiB is reserved by PyTorch but unallocated."
+    )
+    return _message_bundle(message, steps, {"name": "NVIDIA H100 80GB HBM3", "total_bytes": int(79.15 * GiB)})
 
 
 @pytest.mark.parametrize(("unallocated_gib", "verdict"), [(2.6, "workload_too_large"), (8.0, "inconclusive")])
