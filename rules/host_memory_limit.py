@@ -72,7 +72,7 @@ def evaluate(ev: Evidence) -> Finding | None:
     absurd = [
         m for m in host_msgs if m.format == "host-cpu-alloc" and (m.requested_bytes or 0) > BEYOND_ANY_HOST
     ]
-    if absurd and f.score < STRONG + 0.01 and not ev.oom_kill_count:
+    if absurd and not ev.oom_kill_count:
         # malloc refuses a request only when the node could not commit it at all (a cgroup's limit is
         # enforced later, by the OOM killer, when pages are touched); one request larger than any host is a
         # size computed from bad data or a bug, which no memory limit would have let through

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from triage.simulate.allocator import round_size
 from triage.snapshot.accounting import Accounting, Totals, account
 from triage.snapshot.frames import FrameClassifier, Site
-from triage.snapshot.model import INACTIVE, Snapshot, TraceEntry
+from triage.snapshot.model import INACTIVE, Snapshot, TraceEntry, frame_fields
 from triage.snapshot.sites import SiteStats, live_sites
 from triage.snapshot.timeline import DeviceTimeline, replay
 from triage.units import GiB, MiB, human
@@ -49,8 +49,9 @@ _RE_OTHER_KILLER = re.compile(
     r"|\bStopping container\b|\bspot (?:instance )?interruption\b|Received Signals\.SIGTERM death signal",
     re.IGNORECASE | re.MULTILINE,
 )
-# words one of which every line _RE_OTHER_KILLER matches holds (lower case): only those lines are searched
-_KILLER_WORDS = (
+# words one of which every line matched by _RE_OTHER_KILLER, _RE_MIG_PROFILE or _RE_PRODUCT_NAME holds
+# (lower case): only those lines of a log are searched
+_LOG_LINE_WORDS = (
     "kill",
     "liveness",
     "time limit",
@@ -62,28 +63,10 @@ _KILLER_WORDS = (
     "stopping container",
     "spot",
     "sigterm",
+    "mig",
+    "nvidia",
+    "tesla",
 )
-
-
-def _lines_with(text: str, words: Sequence[str]) -> list[str]:
-    """The lines of ``text`` that hold one of ``words`` (lower case; matched ignoring case), in order: a
-    whole log is searched once per word at C speed, and only those lines go through a slower pattern."""
-    low = text.lower()
-    starts: set[int] = set()
-    for w in words:
-        i = low.find(w)
-        while i >= 0:
-            start = low.rfind("\n", 0, i) + 1
-            starts.add(start)
-            end = low.find("\n", i)
-            if end < 0:
-                break
-            i = low.find(w, end)
-    out = []
-    for start in sorted(starts):
-        end = text.find("\n", start)
-        out.append(text[start : end if end >= 0 else None])
-    return out
 
 
 # The job's own worker processes, as its launcher prints them: torchrun's teardown and failure summary,
@@ -801,20 +784,19 @@ def build_evidence(
         roots = [int(m.group(1)) for t in texts for m in _RE_ROOT_CAUSE.finditer(t)]
         if roots:
             ev.root_rank = roots[-1]
-        killers = [ln for t in texts for ln in _lines_with(t, _KILLER_WORDS) if _RE_OTHER_KILLER.search(ln)]
+        from triage.messages import lines_holding
+
+        candidates: list[str] = []
+        for t in texts:
+            lines = t.split("\n")
+            candidates.extend(lines[i] for i in lines_holding(lines, _LOG_LINE_WORDS))
+        killers = [ln for ln in candidates if _RE_OTHER_KILLER.search(ln)]
         if killers:
             ev.other_killer = killers[-1].strip()[:200]
-        profiles = {
-            p.lower() for t in texts for ln in _lines_with(t, ("mig",)) for p in _RE_MIG_PROFILE.findall(ln)
-        }
+        profiles = {p.lower() for ln in candidates for p in _RE_MIG_PROFILE.findall(ln)}
         if len(profiles) == 1:  # several different slices listed (nvidia-smi -L of the node): not decided
             ev.log_mig_profile = profiles.pop()
-        names = {
-            n
-            for t in texts
-            for ln in _lines_with(t, ("nvidia", "tesla"))
-            for n in _RE_PRODUCT_NAME.findall(ln)
-        }
+        names = {n for ln in candidates for n in _RE_PRODUCT_NAME.findall(ln)}
         if len({_named_bytes(n) for n in names}) == 1:  # products of several sizes named: not decided
             ev.log_device_name = sorted(names)[0]
         from triage.messages import parse_messages
@@ -1520,8 +1502,6 @@ def _trace_trend(ev: Evidence) -> None:
 
 def _host(ev: Evidence) -> None:
     host = _part(ev.bundle, "host")
-    if not isinstance(host, dict):
-        host = {}
     ev.shm_total_bytes = _int(host.get("shm_total_bytes"))
     ev.shm_used_bytes = _int(host.get("shm_used_bytes"))
     ev.dataloader_workers = _int(host.get("dataloader_workers"))
@@ -1863,7 +1843,8 @@ def frame_key(fr: Any) -> tuple[Any, Any, Any]:
     try:
         hash(key)
     except TypeError:  # an untrusted file put a list or a dict in a frame: it reads as unknown
-        return tuple(v if isinstance(v, str | int | None) else "??" for v in key)  # type: ignore[return-value]
+        name, filename, line = frame_fields(fr)
+        return (filename, line, name)
     return key
 
 
@@ -2433,10 +2414,7 @@ def _is_cycle(tl: DeviceTimeline, a: int, c: int, swing: int = 0, *, low_point: 
 
 
 def _contract(ev: Evidence) -> None:
-    facts = dict(_part(ev.bundle, "host"))
-    k8s = _get(ev.bundle, "k8s")
-    if isinstance(k8s, dict):
-        facts.update(k8s)
+    facts = {**_part(ev.bundle, "host"), **_part(ev.bundle, "k8s")}
     if not facts:
         return
     try:

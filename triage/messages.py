@@ -77,6 +77,7 @@ import itertools
 import re
 from bisect import bisect_left, bisect_right
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
 from triage.units import parse_size
@@ -89,6 +90,7 @@ __all__ = [
     "OomMessage",
     "ProcessUsage",
     "first_step_bar",
+    "lines_holding",
     "memory_samples",
     "non_pytorch_bytes",
     "parse_message",
@@ -1228,6 +1230,24 @@ def restart_offsets(text: str) -> list[int]:
     return [m.start() for m in _RE_RESTART.finditer(text)]
 
 
+def lines_holding(lines: Sequence[str], words: Sequence[str]) -> list[int]:
+    """Indices of the ``lines`` that hold one of ``words`` (lower case; matched ignoring case), in order:
+    found at C speed in the whole text, so a slower pattern needs to run on those lines only."""
+    whole = "\n".join(lines)
+    low = whole.lower()
+    if len(low) != len(whole):  # a character whose lower case is longer ("İ"): offsets would drift
+        return list(range(len(lines)))
+    starts = list(itertools.accumulate((len(ln) + 1 for ln in lines), initial=0))
+    hot: set[int] = set()
+    for w in words:
+        i = low.find(w)
+        while i >= 0:
+            k = bisect_right(starts, i) - 1
+            hot.add(k)
+            i = low.find(w, starts[k + 1])
+    return sorted(hot)
+
+
 class _Parser:
     def __init__(self, text: str) -> None:
         self.lines = text.split("\n")
@@ -1246,25 +1266,8 @@ class _Parser:
             self._cache[i] = got
         return got
 
-    def _hot_lines(self) -> set[int]:
-        """Indices of the lines that hold one of ``_TRIGGER_WORDS``: found at C speed in the whole text, so
-        the trigger pattern runs on those lines only."""
-        whole = "\n".join(self.lines)
-        low = whole.lower()
-        if len(low) != len(whole):  # a character whose lower case is longer ("İ"): offsets would drift
-            return set(range(len(self.lines)))
-        starts = list(itertools.accumulate((len(ln) + 1 for ln in self.lines), initial=0))
-        hot: set[int] = set()
-        for w in _TRIGGER_WORDS:
-            i = low.find(w)
-            while i >= 0:
-                k = bisect_right(starts, i) - 1
-                hot.add(k)
-                i = low.find(w, starts[k + 1] if k + 1 < len(starts) else len(low))
-        return hot
-
     def run(self) -> list[OomMessage]:
-        hot = self._hot_lines()
+        hot = set(lines_holding(self.lines, _TRIGGER_WORDS))  # the trigger pattern runs on these only
         found: list[_Found] = []
         killed: list[_Found] = []
         host_lines: set[int] = set()

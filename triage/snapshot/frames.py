@@ -20,6 +20,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from triage.snapshot.model import frame_fields
+
 DEFAULT_LIBRARY_PATTERNS: tuple[str, ...] = (
     "*/site-packages/*",
     "*/dist-packages/*",
@@ -82,11 +84,10 @@ class FrameClassifier:
         line = frame.get("line") or 0
         name = frame.get("name")
         if not isinstance(filename, str) or not isinstance(line, int) or not isinstance(name, str | None):
-            # an untrusted file put something else in the frame: what is not a string (or a line number)
-            # reads as unknown, here once for every reader of this frame
-            filename = frame["filename"] = filename if isinstance(filename, str) else "??"
-            line = frame["line"] = line if isinstance(line, int) and not isinstance(line, bool) else 0
-            frame["name"] = name if isinstance(name, str) else "??"
+            # an untrusted file put something else in the frame: it reads as unknown, here once for every
+            # reader of this frame
+            frame["name"], frame["filename"], frame["line"] = frame_fields(frame)
+            filename, line = frame["filename"], frame["line"]
         is_python = filename not in ("??", "") and isinstance(line, int) and line > 0
         if is_python and _CPP_NAMES.search(filename):
             is_python = False

@@ -49,6 +49,7 @@ from triage.snapshot.model import (
     RawFrame,
     Segment,
     Snapshot,
+    frame_fields,
 )
 
 DEFAULT_MAX_BYTES = 4 * 1024**3
@@ -307,23 +308,12 @@ def _decode_bytes(data: bytes, max_bytes: int, memory_budget: int | None, what: 
 # --------------------------------------------------------------------------- normalisation
 
 
-def _frame_key(fr: RawFrame) -> tuple[str, str, int]:
-    """(name, filename, line) of a frame, each of its own type: an untrusted file may put anything there,
-    and what is not a string (or a line number) reads as unknown."""
-    name, filename, line = fr.get("name"), fr.get("filename"), fr.get("line")
-    return (
-        name if isinstance(name, str) else "??",
-        filename if isinstance(filename, str) else "??",
-        line if isinstance(line, int) and not isinstance(line, bool) else 0,
-    )
-
-
 def _intern_frames(frames: Any, table: dict[tuple[Any, ...], RawFrame]) -> list[RawFrame]:
     out: list[RawFrame] = []
     for fr in frames:
         if not isinstance(fr, dict):
             continue
-        key = _frame_key(fr)
+        key = frame_fields(fr)
         got = table.get(key)
         if got is None:
             if (fr.get("name"), fr.get("filename"), fr.get("line")) != key:

@@ -33,6 +33,18 @@ ACTIONS = frozenset(
     }
 )
 
+
+def frame_fields(fr: RawFrame) -> tuple[str, str, int]:
+    """(name, filename, line) of a frame, each of its own type: an untrusted file may put anything there,
+    and what is not a string (or a line number) reads as unknown (``"??"``, 0)."""
+    name, filename, line = fr.get("name"), fr.get("filename"), fr.get("line")
+    return (
+        name if isinstance(name, str) else "??",
+        filename if isinstance(filename, str) else "??",
+        line if isinstance(line, int) and not isinstance(line, bool) else 0,
+    )
+
+
 ACTIVE_ALLOCATED = "active_allocated"
 ACTIVE_PENDING_FREE = "active_pending_free"
 INACTIVE = "inactive"

@@ -189,16 +189,17 @@ def replay_device(snapshot: Snapshot, device: int, max_points: int = MAX_POINTS)
     n = len(entries)
     final_alloc, final_res, active, seg_addrs = _final_levels(snapshot, device)
 
+    def odd(what: str) -> NotASnapshot:
+        return NotASnapshot(f"{snapshot.source or 'snapshot'}: a trace entry of device {device} has {what}")
+
     actions = _column(entries, "action", None)
     sizes = _column(entries, "size", 0)
     try:
         counts = Counter(actions)
     except TypeError:
-        counts = Counter()
+        raise odd("an odd action")
     if not all(map(isinstance, counts, repeat(str))):
-        raise NotASnapshot(
-            f"{snapshot.source or 'snapshot'}: a trace entry of device {device} has an odd action"
-        )
+        raise odd("an odd action")
     try:
         # signed sizes per action, as C-level map chains (no Python frame per entry)
         levels = array("q", accumulate(map(mul, map(_ALLOC_SIGN.get, actions, repeat(0)), sizes)))
@@ -212,9 +213,7 @@ def replay_device(snapshot: Snapshot, device: int, max_points: int = MAX_POINTS)
         seg_idx.sort()
         res_steps = list(accumulate(_RESERVE_SIGN[actions[i]] * sizes[i] for i in seg_idx))
     except (TypeError, OverflowError):
-        raise NotASnapshot(
-            f"{snapshot.source or 'snapshot'}: a trace entry of device {device} has a non-integer size"
-        )
+        raise odd("a non-integer size")
 
     cur_a = levels[-1] if n else 0
     cur_r = res_steps[-1] if res_steps else 0
@@ -238,9 +237,7 @@ def replay_device(snapshot: Snapshot, device: int, max_points: int = MAX_POINTS)
     free_idx = list(compress(range(n), map("free_requested".__eq__, actions)))
     addrs = _column(entries, "addr", 0)
     if not set(map(type, addrs)) <= {int}:
-        raise NotASnapshot(
-            f"{snapshot.source or 'snapshot'}: a trace entry of device {device} has an odd address"
-        )
+        raise odd("an odd address")
     last_alloc = dict(zip(map(addrs.__getitem__, alloc_idx), alloc_idx, strict=True))
     last_free = dict(zip(map(addrs.__getitem__, free_idx), free_idx, strict=True))
     live = {a: i for a, i in last_alloc.items() if last_free.get(a, -1) < i}
@@ -250,9 +247,7 @@ def replay_device(snapshot: Snapshot, device: int, max_points: int = MAX_POINTS)
     by_stack: Counter[int] = Counter(map(id, filter(None, frames_of)))
     stacks: dict[int, list[dict[str, Any]]] = {id(f): f for f in frames_of if f}
     if not all(map(isinstance, stacks.values(), repeat(list))):
-        raise NotASnapshot(
-            f"{snapshot.source or 'snapshot'}: a trace entry of device {device} has odd frames"
-        )
+        raise odd("odd frames")
 
     oom_indices = [i for i, a in enumerate(actions) if a == "oom"] if "oom" in counts else []
     oom_index = oom_indices[-1] if oom_indices else -1
