@@ -39,6 +39,7 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def evaluate(seeds: list[int], verbose: bool = False) -> dict[str, Any]:
+    from rules.workload_too_large import estimate_max_batch
     from triage.pipeline import diagnose_bundle, diagnose_snapshot, diagnose_text
     from triage.simulate.scenarios import labelled_set
     from triage.snapshot.loader import normalise
@@ -49,7 +50,7 @@ def evaluate(seeds: list[int], verbose: bool = False) -> dict[str, Any]:
     rows = []
     t0 = time.perf_counter()
     for c in cases:
-        d, _ = diagnose_bundle(c.bundle)
+        d, ev = diagnose_bundle(c.bundle)
         truth = c.truth
         want = truth["verdict"]
         got = d.verdict
@@ -75,6 +76,8 @@ def evaluate(seeds: list[int], verbose: bool = False) -> dict[str, Any]:
             tb = truth["max_batch_size"]
             row["max_batch"] = (mb, tb)
             row["max_batch_ok"] = mb is not None and abs(mb - tb) <= 0.1 * tb
+            # what the estimate rests on: completed steps, or a step that failed before its peak (a ceiling)
+            row["max_batch_bound"] = "upper" in estimate_max_batch(ev)[1].get("source", "")
         if c.message:
             dm, _ = diagnose_text(c.message)
             row["text_got"] = dm.verdict
@@ -121,6 +124,14 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "leak_cases_with_site": sum(1 for r in rows if "leak_site_exact" in r),
         "max_batch_within_10pct": rate([r["max_batch_ok"] for r in rows if "max_batch_ok" in r]),
         "max_batch_cases": sum(1 for r in rows if "max_batch_ok" in r),
+        **{
+            f"max_batch_{key}": rate([r["max_batch_ok"] for r in rows if r.get("max_batch_bound") is bound])
+            for key, bound in (("from_steps", False), ("upper_bound", True))
+        },
+        **{
+            f"max_batch_{key}_cases": sum(1 for r in rows if r.get("max_batch_bound") is bound)
+            for key, bound in (("from_steps", False), ("upper_bound", True))
+        },
         "text_only_confident_wrong": sum(r.get("text_confident_wrong", False) for r in rows),
         "text_only_cases": sum(1 for r in rows if "text_got" in r),
         **{
@@ -181,6 +192,18 @@ def main() -> int:
                 pct(s["max_batch_within_10pct"]),
                 "≥ 90%",
                 (s["max_batch_within_10pct"] or 0) >= 0.9,
+            ),
+            (
+                f"  from completed steps ({s['max_batch_from_steps_cases']})",
+                pct(s["max_batch_from_steps"]),
+                "",
+                True,
+            ),
+            (
+                f"  failed before its peak: a ceiling ({s['max_batch_upper_bound_cases']})",
+                pct(s["max_batch_upper_bound"]),
+                "",
+                True,
             ),
             (
                 f"message-only confident-wrong ({s['text_only_cases']} cases)",
