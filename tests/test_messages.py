@@ -563,6 +563,25 @@ def test_slurm_oom() -> None:
     assert found[0].extra == {"events": "1", "step": "1234.batch"}
 
 
+def test_slurm_accounting_kill_over_the_job_memory_limit() -> None:
+    """slurmstepd's accounting poll (no cgroup enforcement) kills a job over its limit; the figures are KiB."""
+    log = (
+        "slurmstepd: error: Job 552190 exceeded memory limit (1048837120 > 1048576000), being killed\n"
+        "slurmstepd: error: Exceeded job memory limit\n"
+        "srun: error: gpu-c-021: tasks 0-7: Killed\n"
+    )
+    found = parse_messages(log)
+    assert found and all(m.format == "host-slurm-oom" for m in found)
+    first = found[0]
+    assert first.extra == {
+        "step": "552190",
+        "usage_bytes": str(1048837120 * 1024),
+        "limit_bytes": str(1048576000 * 1024),
+    }
+    # a limit named without the kill is no event
+    assert parse_messages("sbatch: job memory limit is 1000G (--mem)\n") == []
+
+
 def test_bash_job_killed_line() -> None:
     m = one(
         "/var/spool/slurmd/job1/slurm_script: line 12:  4242 Killed                  python train.py\nnext\n"

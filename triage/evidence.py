@@ -66,7 +66,12 @@ _LOG_LINE_WORDS = (
     "mig",
     "nvidia",
     "tesla",
+    "set_per_process_memory_fraction",
 )
+# the job's log showing the cap being set: "set_per_process_memory_fraction(0.70, device=0)", a printed source line
+_RE_FRACTION_CALL = re.compile(r"set_per_process_memory_fraction\(\s{0,4}(?:fraction\s{0,2}=\s{0,2})?(0?\.\d{1,6}|1(?:\.0{1,6})?)\b")
+_RE_PY_FILE = re.compile(r"[\w./\\-]{1,300}\.py\b")
+_RE_TRACEBACK_FILE = re.compile(r'File "([^"\n]{1,300}\.py)", line \d')
 
 
 # The job's own worker processes, as its launcher prints them: torchrun's teardown and failure summary,
@@ -497,6 +502,8 @@ class Evidence:
     own_pids: set[int] = field(default_factory=set)
     pid: int | None = None  # the failing process (the collector's)
     cap_set_by_job: str | None = None  # "train.py:12 in main": the job's own code set the fraction cap
+    # (fraction, source file, line): the log shows the job's own code setting a fraction cap
+    log_fraction_calls: list[tuple[float, str, str]] = field(default_factory=list)
     processes: list[Process] = field(default_factory=list)
     own_process_identified: bool = False
     other_process_bytes: int = 0
@@ -757,6 +764,37 @@ class Evidence:
 # ---------------------------------------------------------------------------- building
 
 
+def _fraction_calls(ev: Evidence, text: str) -> None:
+    """Lines of ``text`` that show a memory fraction being set from one of the job's own source files: the
+    line names a file (the job's logger printing where it set it, a traceback's printed source line) that
+    the same log's tracebacks run through as user code. A platform hook (a ``sitecustomize.py``) that logs
+    what it applied names a file no traceback of the job passes through."""
+    traced = {
+        f.replace("\\", "/").rsplit("/", 1)[-1]
+        for f in _RE_TRACEBACK_FILE.findall(text)
+        if ev.classifier.classify({"filename": f, "line": 1, "name": ""})[1]
+    }
+    if not traced:
+        return
+    for ln in text.split("\n"):
+        fc = _RE_FRACTION_CALL.search(ln) if "set_per_process_memory_fraction" in ln else None
+        if fc is None:
+            continue
+        files = {f.replace("\\", "/").rsplit("/", 1)[-1] for f in _RE_PY_FILE.findall(ln)}
+        mine = sorted(files & traced)
+        if mine:
+            ev.log_fraction_calls.append((float(fc.group(1)), mine[0], ln.strip()[:160]))
+
+
+def _cap_in_log(ev: Evidence, cap: int, total: int) -> None:
+    """The log shows the job's own code setting this cap (the same fraction of the device, within 1%): the
+    limit is the job's choice, not the platform's."""
+    for fraction, name, line in ev.log_fraction_calls:
+        if abs(fraction * total - cap) <= 0.01 * total:
+            ev.cap_set_by_job = f"{name}, as the log shows: {line[:120]}"
+            return
+
+
 def build_evidence(
     snapshot: Snapshot | None = None,
     text: str | None = None,
@@ -796,6 +834,9 @@ def build_evidence(
         profiles = {p.lower() for ln in candidates for p in _RE_MIG_PROFILE.findall(ln)}
         if len(profiles) == 1:  # several different slices listed (nvidia-smi -L of the node): not decided
             ev.log_mig_profile = profiles.pop()
+        for t in texts:
+            if "set_per_process_memory_fraction" in t:
+                _fraction_calls(ev, t)
         names = {n for ln in candidates for n in _RE_PRODUCT_NAME.findall(ln)}
         if len({_named_bytes(n) for n in names}) == 1:  # products of several sizes named: not decided
             ev.log_device_name = sorted(names)[0]
@@ -1003,6 +1044,8 @@ def _device(ev: Evidence) -> None:
         if ev.classifier.classify(frame)[1]:
             name = by["filename"].replace("\\", "/").rsplit("/", 1)[-1]
             ev.cap_set_by_job = f"{name}:{by['line']}" + (f" in {frame['name']}" if frame["name"] else "")
+    if cap and ev.cap_set_by_job is None and ev.total_bytes:
+        _cap_in_log(ev, cap, ev.total_bytes)
     if m is not None:
         ev.vgpu_limit_bytes = m.vgpu_limit_bytes
         ev.vgpu_used_bytes = m.vgpu_used_bytes

@@ -380,6 +380,12 @@ _RE_LOCAL_RANK = re.compile(r"(?<![\w])local_rank ?[:=] ?(\d{1,7})")
 _RE_BASH_KILLED = re.compile(r"(?:(?<![\w])line \d{1,7}: {1,10}(\d{1,10})|^\[\d{1,5}\][+-]?) {1,30}Killed\b")
 _RE_SLURM_EVENT = re.compile(r"Detected (\d{1,7}) oom[-_]kill events? in (?:StepId=)?([\w.]{1,64})")
 _RE_SLURM_TASK = re.compile(r"task (\d{1,7}): Out Of Memory")
+# slurmstepd's accounting poll (no cgroup enforcement): "Job 552190 exceeded memory limit (1048837120 >
+# 1048576000), being killed" (KiB), "Step 4.0 exceeded …", or alone "Exceeded job memory limit"
+_RE_SLURM_EXCEEDED = re.compile(
+    r"(?:(?:Job|Step) ([\w.]{1,64}) exceeded memory limit \((\d{1,20}) > (\d{1,20})\), being killed"
+    r"|Exceeded (?:job|step) memory limit)"
+)
 _RE_RAY_OOM = re.compile(r"(?:Task|Actor|Worker) was killed due to (?:the )?node running low on memory")
 _RE_CPU_ALLOC = re.compile(
     r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory): you tried to allocate (\d{1,24}) bytes"
@@ -664,6 +670,15 @@ def _detect_host(content: str, low: str) -> list[_Hit]:
         if m:
             msg = OomMessage(HOST_OOM, "host-slurm-oom", "", extra={"events": m.group(1)})
             msg.extra["step"] = m.group(2).rstrip(".")
+            hits.append(_Hit(0, msg))
+    if "xceeded" in low:
+        m = _RE_SLURM_EXCEEDED.search(content)
+        if m:
+            msg = OomMessage(HOST_OOM, "host-slurm-oom", "", exit_code=137)
+            if m.group(1):
+                msg.extra["step"] = m.group(1)
+                msg.extra["usage_bytes"] = str(int(m.group(2)) * 1024)
+                msg.extra["limit_bytes"] = str(int(m.group(3)) * 1024)
             hits.append(_Hit(0, msg))
     if "oomkill" in low and _RE_OOMKILLED.search(content):
         hits.append(_Hit(0, OomMessage(HOST_OOM, "host-oomkilled", "")))
@@ -979,11 +994,12 @@ def went_on_after(text: str, line_no: int, rank: int | None = None) -> tuple[int
 
 # What a training loop prints of its live GPU memory, per step: DeepSpeed's ``see_memory_usage`` ("MA 21.3 GB
 # Max_MA 27.4 GB CA …", GiB printed as GB), and ``torch.cuda.memory_allocated()`` printed under any name that
-# says allocated (``mem_allocated 14.2 GiB``, ``memory_allocated()=9663676416``, ``| alloc 22.41 GiB |``) —
-# not a max or peak value.
+# says allocated (``mem_allocated 14.2 GiB``, ``memory_allocated()=9663676416``, ``| alloc 22.41 GiB |``,
+# DeepSpeed's timer ``MemAllocated=22.1GB, MaxMemAllocated=31.5GB``); a max or peak value is the peak.
 _RE_DS_MA = re.compile(r"(?<![\w])MA (\d{1,9}(?:\.\d{1,6})?) ?GB\s{1,40}Max_MA (\d{1,9}(?:\.\d{1,6})?) ?GB")
 _RE_ALLOCATED = re.compile(
-    r"(?<![\w.])((?:[A-Za-z_]{1,40}[._]){0,4}alloc(?:ated)?(?:_bytes(?:\.all\.current)?|_(gib|mib|gb|mb))?(?:\(\))?)"
+    r"(?<![\w.])((?:(?:[A-Za-z_]{1,40}[._]){0,4}alloc(?:ated)?|(?-i:(?:[A-Z][a-z]{1,10}){1,3}Alloc(?:ated)?))"
+    r"(?:_bytes(?:\.all\.current)?|_(gib|mib|gb|mb))?(?:\(\))?)"
     r"['\"]?\s{0,3}[:=]?\s{0,3}(\d{1,20}(?:\.\d{1,6})?)\s{0,2}(GiB|MiB|KiB|GB|MB|KB|G|M|bytes|B)?(?![\w])",
     re.IGNORECASE,
 )
@@ -994,6 +1010,9 @@ _RE_ALLOC_PAIR = re.compile(
     re.IGNORECASE,
 )
 _RE_PEAK_WORD = re.compile(r"max|peak", re.IGNORECASE)
+_DS_TIMER_KEYS = frozenset({"MemAllocated", "MaxMemAllocated"})
+# the word in front, apart from the key: Megatron's "| max allocated: 53440.1 |", "peak allocated 31.2 GiB"
+_RE_PEAK_BEFORE = re.compile(r"(?<![\w])(?:max|peak)[ _-]{1,2}$", re.IGNORECASE)
 _RE_STEP_NO = re.compile(
     r"(?<![\w])(?:global_step|step|iter(?:ation)?|it)(?![\w])[\s:=#\[]{0,8}(\d{1,9})"  # "it    50" padded
     r"|(?<![\w/])(\d{1,9})/\d{1,9} \[\d"  # a progress bar's "450/10000 [02:10<…"
@@ -1094,8 +1113,10 @@ def _sample_on(content: str) -> dict[str, int] | None:
                 continue
             size = int(value)
         else:
+            if unit == "GB" and m.group(1) in _DS_TIMER_KEYS:
+                unit = "GiB"  # DeepSpeed's timer divides by 1024**3 and prints GB
             size = parse_size(m.group(3), _SHORT_UNITS.get(unit.upper(), unit))
-        if _RE_PEAK_WORD.search(m.group(1)):
+        if _RE_PEAK_WORD.search(m.group(1)) or _RE_PEAK_BEFORE.search(content, max(0, m.start() - 12), m.start()):
             peak = peak if peak is not None else size
         elif current is None:
             current = size

@@ -198,6 +198,49 @@ def test_a_cap_the_job_set_itself_is_its_own_limit_whatever_gpu_it_was_declared_
     assert d.verdict == "gpu_quota", d.headline
 
 
+CAPPED = (
+    "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.20 GiB. GPU 3 has a total capacity of "
+    "79.15 GiB of which 3.14 GiB is free. Including non-PyTorch memory, this process has 55.64 GiB memory in use. "
+    "Process 5123 has 20.37 GiB memory in use. 55.41 GiB allowed; Of the allocated memory 53.90 GiB is allocated "
+    "by PyTorch, and 1.12 GiB is reserved by PyTorch but unallocated.\n"
+)
+PPO_TRACEBACK = (
+    'Traceback (most recent call last):\n  File "/opt/rlhf/train_ppo.py", line 351, in main\n'
+    "    stats = trainer.step(rollouts)\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("setter", "platform"),
+    [
+        (
+            "[ppo] train_ppo.py:88 co-locating the rollout engine: torch.cuda.set_per_process_memory_fraction(0.70, device=3)",
+            False,
+        ),
+        (
+            "[gpu-share] /etc/python3/sitecustomize.py: policy 'shared-a100-70'; applying torch.cuda.set_per_process_memory_fraction(0.7)",
+            True,
+        ),
+        (
+            "[ppo] train_ppo.py:88 torch.cuda.set_per_process_memory_fraction(0.50, device=3)",
+            True,
+        ),  # not this cap
+    ],
+)
+def test_a_cap_the_log_shows_the_jobs_own_code_setting(setter: str, platform: bool) -> None:
+    """The log shows a fraction being set: from a file the job's own traceback runs through, it is the job's
+    choice (a co-located rollout engine), not the platform's quota; from a platform hook that logs what it
+    applied, or a fraction that is not this cap, the cap stays the platform's."""
+    d, ev = diagnose_text(
+        "\n".join([setter, "[ppo] iter 100 reward 0.24", PPO_TRACEBACK.rstrip("\n"), CAPPED])
+    )
+    assert bool(ev.cap_set_by_job) is not platform
+    if platform:
+        assert d.verdict == "gpu_quota", d.headline
+    else:
+        assert d.verdict != "gpu_quota" and "gpu_quota" not in d.candidates[:1], d.headline
+
+
 # ---------------------------------------------------------------- process lines NVML could not fill
 WSL = (
     "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacty of "
@@ -296,6 +339,52 @@ def test_megatrons_memory_report_prints_its_unit_once_for_the_line() -> None:
     assert [s["allocated_bytes"] for s in samples] == [
         round((20121.6 + 1500 * k) * 2**20) for k in range(1, 6)
     ]
+    # "max allocated" is the peak: the word stands apart from the key
+    assert [s["peak_allocated_bytes"] for s in samples] == [
+        round((21521.6 + 1500 * k) * 2**20) for k in range(1, 6)
+    ]
+
+
+def test_deepspeeds_timer_prints_gib_as_gb() -> None:
+    line = (
+        "[INFO] [timer.py:198:stop] epoch=0/micro_step={k}/global_step={k}, RunningAvgSamplesPerSec=17.9, "
+        "CurrSamplesPerSec=18.1, MemAllocated=22.1GB, MaxMemAllocated=31.5GB"
+    )
+    samples = memory_samples("\n".join(line.format(k=k) for k in (10, 30, 50)))
+    assert [s["step"] for s in samples] == [10, 30, 50]
+    assert samples[0]["allocated_bytes"] == round(22.1 * GiB)
+    assert samples[0]["peak_allocated_bytes"] == round(31.5 * GiB)
+    # a key that only ends in "unallocated" is reserved memory, not allocated
+    assert memory_samples("step 5 unallocated: 3.2 GiB\nstep 6 unallocated: 3.4 GiB\n") == []
+
+
+FRAG_OLD = (
+    "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 640.00 MiB. GPU 0 has a total capacty "
+    "of 79.15 GiB of which 378.19 MiB is free. Including non-PyTorch memory, this process has 78.77 GiB memory "
+    "in use. Of the allocated memory 51.36 GiB is allocated by PyTorch, and 26.67 GiB is reserved by PyTorch but "
+    "unallocated.\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("rise_mb", "peak_extra_mb", "want"), [(0, 15300, "fragmentation"), (0, 12000, None), (900, 15300, None)]
+)
+def test_flat_reports_whose_peak_passed_the_failing_moment_make_it_the_holes(
+    rise_mb: float, peak_extra_mb: float, want: str | None
+) -> None:
+    """Megatron's reports: live memory flat for thousands of iterations and a peak above what the failing
+    moment needed (51.36 GiB held + 640 MiB asked): the step fits, and 26.67 GiB left in split segments
+    decided it. A peak below that moment, or live memory climbing, does not show it."""
+    reports = [
+        f"[Rank 0] (after {1000 * k} iterations) memory (MB) | allocated: {38112.5 + rise_mb * k:.1f} | max "
+        f"allocated: {38112.5 + rise_mb * k + peak_extra_mb:.1f} | reserved: 55296.0 | max reserved: 55296.0"
+        for k in range(1, 5)
+    ]
+    d, _ = diagnose_text("\n".join([*reports, TRACEBACK.rstrip("\n"), FRAG_OLD]))
+    if want:
+        assert d.verdict == want, d.headline
+    else:
+        assert d.verdict != "fragmentation", d.headline
 
 
 def test_the_samples_are_the_last_attempts() -> None:
