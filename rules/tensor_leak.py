@@ -339,6 +339,44 @@ def _lead_by_calls(ev: Evidence, f: Finding) -> None:
     )
 
 
+PEAKS_OUTGROW = 4  # the steps' peaks rose this many times what live memory after them did: the steps grew
+
+
+def _steps_outgrew(ev: Evidence, trend: StepTrend, f: Finding) -> None:
+    """Live memory after each step rose, and the steps' own peaks rose several times faster at the same batch
+    size: the steps themselves grew (a sequence-length or resolution schedule, longer inputs), and what a step
+    leaves behind until the next one replaces it (last step's outputs, a loss still bound to a name) grew with
+    them. Kept tensors raise a step's peak by no more than they raise the floor. When the trace covers
+    several of those steps and none of its blocks outlived more than the step after the one that made it,
+    nothing accumulates: a candidate; without the trace, a lead."""
+    steps = ev.steps
+    if len(steps) < 4 or trend.growth_bytes <= 0 or ev.batch_grew_from:
+        return
+    sampled = [s for s in steps if s.peak_allocated_bytes > s.allocated_bytes]
+    if len(sampled) < 0.75 * len(steps):
+        return  # the peaks were not sampled
+    k = max(1, len(steps) // 4)
+    first = sorted(s.peak_allocated_bytes for s in steps[:k])[k // 2]
+    last = sorted(s.peak_allocated_bytes for s in steps[-k:])[k // 2]
+    if last - first < PEAKS_OUTGROW * trend.growth_bytes:
+        return
+    f.facts.append(
+        f"The steps' own peaks rose by {human(last - first)} while live memory after them rose by "
+        f"{human(trend.growth_bytes)}, at the same batch size: the steps themselves grew (longer inputs, a "
+        "sequence-length schedule), and what each leaves behind until the next replaces it grew with them."
+    )
+    covered = len(trace_cycles(ev.oom_timeline.levels)) if ev.oom_timeline is not None else 0
+    if ev.has_trace and ev.has_frames and covered >= 4 and not any(s.cycles >= 2 for s in ev.survivors):
+        f.facts.append(
+            f"The trace covers {covered} of those steps and no block in it outlived the step after the one "
+            "that made it: nothing accumulates."
+        )
+        f.score = min(f.score, CANDIDATE)
+    else:
+        f.missing.append("an allocator trace with stacks over several steps: whether anything accumulates")
+        f.score = min(f.score, LEAD)
+
+
 def evaluate(ev: Evidence) -> Finding | None:
     f = Finding(rule=ID, verdict=VERDICT, score=0.0)
     limit = ev.limit_bytes or 0
@@ -605,6 +643,8 @@ def evaluate(ev: Evidence) -> Finding | None:
             _lead_by_calls(ev, f)
         if f.leak_site is None:
             _lead_by_regrowth(ev, f)
+        if f.leak_site is None:
+            _steps_outgrew(ev, trend, f)
     elif trend is not None and trend.steps >= 8 and trend.rising_fraction >= 0.9 and not trend.plateaued:
         # a small rise after every single step: live memory after a step is exact to the byte in a
         # healthy loop, so even a few KiB a step is something kept; the longer the run, the surer

@@ -69,7 +69,9 @@ _LOG_LINE_WORDS = (
     "set_per_process_memory_fraction",
 )
 # the job's log showing the cap being set: "set_per_process_memory_fraction(0.70, device=0)", a printed source line
-_RE_FRACTION_CALL = re.compile(r"set_per_process_memory_fraction\(\s{0,4}(?:fraction\s{0,2}=\s{0,2})?(0?\.\d{1,6}|1(?:\.0{1,6})?)\b")
+_RE_FRACTION_CALL = re.compile(
+    r"set_per_process_memory_fraction\(\s{0,4}(?:fraction\s{0,2}=\s{0,2})?(0?\.\d{1,6}|1(?:\.0{1,6})?)\b"
+)
 _RE_PY_FILE = re.compile(r"[\w./\\-]{1,300}\.py\b")
 _RE_TRACEBACK_FILE = re.compile(r'File "([^"\n]{1,300}\.py)", line \d')
 
@@ -311,7 +313,7 @@ class Survivors:
 
     stats: SiteStats
     cycles: int  # gaps between survivors in which live memory fell back (a step ended)
-    gaps: int
+    gaps: int  # between survivors, the blocks of one call of the model counted as one
     freed_at_site: int  # allocations at this site in the trace that were freed again
     freed_after_first: int = 0  # of those, made after the site's first survivor (interleaved, not evicted)
     evicted_meanwhile: bool = True  # an older one was freed after the first survivor was made (eviction)
@@ -1618,7 +1620,9 @@ def _survivors(ev: Evidence) -> None:
             by_site = allocs_by_site(ev)
             alive = set(idx)
             after = sum(1 for i in by_site.get((dev, st.site), []) if i > idx[0] and i not in alive)
-        sv = Survivors(st, cycles, len(idx) - 1, freed, after)
+        # the blocks of one call are one survivor: a call under way at the OOM holds its activations, one
+        # gap, however many layers it has run
+        sv = Survivors(st, cycles, len(firsts) - 1, freed, after)
         if sv.evicted_like_a_cache:
             sv.evicted_meanwhile = _freed_after(tl, allocs_by_site(ev).get((dev, st.site), []), idx[0])
         if freed == 0 and st.count > st.traced and len(firsts) >= 3:

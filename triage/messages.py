@@ -1116,7 +1116,9 @@ def _sample_on(content: str) -> dict[str, int] | None:
             if unit == "GB" and m.group(1) in _DS_TIMER_KEYS:
                 unit = "GiB"  # DeepSpeed's timer divides by 1024**3 and prints GB
             size = parse_size(m.group(3), _SHORT_UNITS.get(unit.upper(), unit))
-        if _RE_PEAK_WORD.search(m.group(1)) or _RE_PEAK_BEFORE.search(content, max(0, m.start() - 12), m.start()):
+        if _RE_PEAK_WORD.search(m.group(1)) or _RE_PEAK_BEFORE.search(
+            content, max(0, m.start() - 12), m.start()
+        ):
             peak = peak if peak is not None else size
         elif current is None:
             current = size
