@@ -261,10 +261,13 @@ def evaluate(ev: Evidence) -> Finding | None:
         )
         f.score = min(f.score, LEAD)
     # with stacks, a trace of a few steps in which no site's surviving blocks were made in different steps
-    # shows what a leak would have kept meanwhile: nothing
+    # shows what a leak would have kept meanwhile: nothing; and a trace of a few steps whose floors did not
+    # climb shows that nothing grew, whatever outlived its step (a server's requests live across steps)
     watched = (
-        ev.has_frames and ev.trace_steps >= TRACE_MIN_CYCLES and not any(s.cycles for s in ev.survivors)
-    ) or nothing_kept(ev)
+        (ev.has_frames and ev.trace_steps >= TRACE_MIN_CYCLES and not any(s.cycles for s in ev.survivors))
+        or nothing_kept(ev)
+        or ev.trace_floor_flat
+    )
     if (
         trend is None
         and len(ev.steps) < 2

@@ -117,6 +117,14 @@ def evaluate(ev: Evidence) -> Finding | None:
                 "context, communication buffers and library workspaces come to."
             )
             f.score = LIKELY
+        m = ev.message
+        if f.score >= POSSIBLE and m is not None and m.format == "vllm-startup":
+            # vLLM measures the device before it loads anything: nothing of its own is there but its context
+            f.facts.append(
+                "vLLM measured the device's free memory at start-up, before it loaded anything: what was in use, "
+                "but for its own CUDA context, is other processes' (another server, a zombie of an earlier run)."
+            )
+            f.score = STRONG if f.score >= LIKELY else LIKELY
     elif ev.outside_allocator and not ev.processes:
         f.facts.append(
             f"The CUDA error came while the allocator held {human(ev.reserved_bytes or 0)} of "

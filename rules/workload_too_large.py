@@ -284,10 +284,67 @@ def _stranded(ev: Evidence, needed: int | None, usable: int | None) -> str | Non
     return None
 
 
+def _serving_config(ev: Evidence, f: Finding) -> Finding:
+    """An inference server's own profile at start-up (``serving-config`` messages): the weights leave its
+    memory budget too small for the sequence length or prefill its flags ask for. That is the service's
+    configuration against its device, before any request: nothing could have leaked."""
+    m = ev.message
+    assert m is not None
+    x = m.extra
+    if x.get("limit") == "prefill":
+        f.facts.append(
+            f"{x.get('engine', 'The server').upper()} could not run its warm-up prefill of {x.get('prefill_tokens')} "
+            "tokens in the memory left after the weights: its flags ask for more than this device holds."
+        )
+        f.actions.append(
+            "Lower --max-batch-prefill-tokens (and --max-total-tokens / --max-input-length with it), or shard the "
+            "model over more GPUs (--num-shard), or quantize it."
+        )
+    else:
+        if x.get("kv_tokens"):
+            what = (
+                f"its KV cache holds {x['kv_tokens']} tokens, fewer than one request of max_model_len "
+                f"{x.get('max_model_len')} needs"
+            )
+        elif m.requested_bytes and x.get("kv_available_bytes"):
+            what = (
+                f"one request of max_model_len {x.get('max_model_len')} needs {human(m.requested_bytes)} of KV cache, "
+                f"more than the {human(int(x['kv_available_bytes']))} left for it"
+            )
+        else:
+            what = "nothing of its budget was left for the KV cache after the weights and the profiling run"
+        f.facts.append(
+            f"vLLM sized itself at start-up and {what}: the model and its max_model_len do not fit this "
+            "device's budget (total memory × gpu_memory_utilization)."
+        )
+        f.actions.append(
+            "Lower --max-model-len (or --max-num-seqs / --max-num-batched-tokens), raise "
+            "--gpu-memory-utilization if nothing else shares the GPU, or serve with more GPUs "
+            "(--tensor-parallel-size) or a quantized model."
+        )
+    f.missing.append("the device's size and its other processes (the collector's device record)")
+    f.score = LIKELY
+    return f
+
+
 def evaluate(ev: Evidence) -> Finding | None:
     if not ev.is_cuda_oom:
         return None
     f = Finding(rule=ID, verdict=VERDICT, score=CANDIDATE)
+    if ev.message is not None and ev.message.format == "serving-config":
+        return _serving_config(ev, f)
+    if ev.message is not None and ev.message.format == "vllm-startup":
+        # the "request" is the budget vLLM was told to take, not a tensor; a smaller one only moves the
+        # shortage to its KV cache, and the memory missing is held outside it
+        f.facts.append(
+            f"vLLM was set to take {ev.message.extra.get('gpu_memory_utilization')} of the device "
+            f"({human(ev.request_bytes or 0)}) and found {human(ev.device_free_bytes or 0)} free: a lower "
+            "--gpu-memory-utilization would start it, with that much less for its KV cache."
+        )
+        f.actions.append(
+            "Lower --gpu-memory-utilization to what is free, or give the server a GPU of its own."
+        )
+        return f
     needed = ev.needed_bytes
     usable = usable_bytes(ev)
     early = ev.step is not None and ev.step <= EARLY_STEPS

@@ -582,6 +582,69 @@ def test_slurm_accounting_kill_over_the_job_memory_limit() -> None:
     assert parse_messages("sbatch: job memory limit is 1000G (--mem)\n") == []
 
 
+@pytest.mark.parametrize(
+    ("line", "fmt", "numbers", "extra"),
+    [
+        (
+            "ValueError: Free memory on device (31.52/79.19 GiB) on startup is less than desired GPU memory "
+            "utilization (0.9, 71.27 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
+            "vllm-startup",
+            (b(71.27, GiB), b(79.19, GiB), b(31.52, GiB)),
+            {"engine": "vllm", "gpu_memory_utilization": "0.9"},
+        ),
+        (
+            "(EngineCore pid=253) ValueError: Free memory on device cuda:0 (85.92/121.69 GiB) on startup is less "
+            "than desired GPU memory utilization (0.92, 111.95 GiB).",
+            "vllm-startup",
+            (b(111.95, GiB), b(121.69, GiB), b(85.92, GiB)),
+            {"engine": "vllm", "gpu_memory_utilization": "0.92"},
+        ),
+        (
+            "ERROR 12-18 10:44:40 engine.py:366] ValueError: No available memory for the cache blocks. Try "
+            "increasing `gpu_memory_utilization` when initializing the engine.",
+            "serving-config",
+            (None, None, None),
+            {"engine": "vllm", "limit": "kv-cache"},
+        ),
+        (
+            "ValueError: The model's max seq len (131072) is larger than the maximum number of tokens that can be "
+            "stored in KV cache (28752). Try increasing `gpu_memory_utilization` or decreasing `max_model_len`",
+            "serving-config",
+            (None, None, None),
+            {"engine": "vllm", "limit": "kv-cache", "max_model_len": "131072", "kv_tokens": "28752"},
+        ),
+        (
+            "ValueError: To serve at least one request with the models's max seq len (40960), (5.62 GiB KV cache is "
+            "needed, which is larger than the available KV cache memory (4.50 GiB). Based on the available memory, "
+            "the estimated maximum model length is 32768.",
+            "serving-config",
+            (b(5.62, GiB), None, None),
+            {
+                "engine": "vllm",
+                "limit": "kv-cache",
+                "max_model_len": "40960",
+                "kv_available_bytes": str(b(4.5, GiB)),
+            },
+        ),
+        (
+            "RuntimeError: Not enough memory to handle 32000 prefill tokens. You need to decrease "
+            "`--max-batch-prefill-tokens`",
+            "serving-config",
+            (None, None, None),
+            {"engine": "tgi", "limit": "prefill", "prefill_tokens": "32000"},
+        ),
+    ],
+)
+def test_an_inference_servers_own_words_at_start_up(
+    line: str, fmt: str, numbers: tuple[int | None, ...], extra: dict[str, str]
+) -> None:
+    m = one(line + "\n")
+    assert (m.kind, m.format) == ("cuda_oom", fmt)
+    assert (m.requested_bytes, m.total_bytes, m.free_bytes) == numbers
+    assert m.extra == extra
+    assert m.exception_type in ("ValueError", "RuntimeError")
+
+
 def test_bash_job_killed_line() -> None:
     m = one(
         "/var/spool/slurmd/job1/slurm_script: line 12:  4242 Killed                  python train.py\nnext\n"

@@ -97,7 +97,9 @@ PROGRESS_AFTER_OOM = 10
 # a step ended between two survivors only if live memory swung by this share of the trace's largest fall
 STEP_SWING_SHARE = 0.5
 LATE_RISES = 8  # consecutive rising steps up to the OOM that make a leak, however flat the steps before
+SERVING_START_FORMATS = frozenset({"vllm-startup", "serving-config"})  # an inference server sizing itself
 TRACE_MIN_CYCLES = 4  # cycles of live memory in a trace before they are read as steps
+FLAT_FLOOR_SHARE = 0.03  # of what the job could hold: a trace's step floors within this did not climb
 RECENT_BATCH_STEPS = 2  # a batch that grew this many completed steps before the OOM still explains it
 SMALL_POOL_MAX = 1 * MiB
 KEPT_CALL_SHARE = 0.2  # a call's blocks still alive, of all it allocated, that make its graph kept
@@ -609,6 +611,22 @@ class Evidence:
         return len(self._oom_trace_cycles)
 
     @property
+    def trace_floor_flat(self) -> bool:
+        """The OOM device's trace covers at least ``TRACE_MIN_CYCLES`` steps and what each kept (its low
+        point) did not climb: up in no more than half of them, and up over them all by no more than it fell
+        along the way (a server's floor goes up and down with its requests) or than ``FLAT_FLOOR_SHARE`` of
+        what the job could hold. A leak's floor climbs step after step and gives nothing back."""
+        cycles = self._oom_trace_cycles
+        tl = self.oom_timeline
+        if len(cycles) < TRACE_MIN_CYCLES or tl is None:
+            return False
+        lows = [lo for lo, _ in cycles]
+        ups = sum(1 for a, b in itertools.pairwise(lows) if b > a)
+        fell = sum(a - b for a, b in itertools.pairwise(lows) if b < a)
+        room = self.usable_bytes or (max(tl.levels) + tl.start_allocated)
+        return ups <= (len(lows) - 1) / 2 and lows[-1] - lows[0] <= max(fell, FLAT_FLOOR_SHARE * room)
+
+    @property
     def host_kills(self) -> list[OomMessage]:
         """Host-memory kills in the text that can have ended this job. After a CUDA OOM traceback the job
         died of its exception: only a kernel/OOMKilled/``Killed`` line *after* the last CUDA OOM counts —
@@ -875,6 +893,12 @@ def build_evidence(
         ev.notes.append(
             f"The OOM came while the model was being set up ({ev.setup_call}), before the log shows any "
             "training step."
+        )
+    if ev.step is None and ev.message is not None and ev.message.format in SERVING_START_FORMATS:
+        ev.step = 0
+        ev.notes.append(
+            f"The message is {ev.message.extra.get('engine', 'an inference server')}'s own check at start-up, "
+            "before it served any request."
         )
     if ev.first_step_bar is not None and ev.step is None:
         ev.step = 0

@@ -80,7 +80,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
-from triage.units import parse_size
+from triage.units import GiB, parse_size
 
 __all__ = [
     "DEDUPE_WINDOW_LINES",
@@ -312,14 +312,38 @@ _TRIGGER_WORDS = (
     "preemptively",
     "cuda_error_out_of_memory",
     "cudaerrormemoryallocation",
+    "less than desired gpu memory",
+    "memory for the cache blocks",
+    "stored in kv cache",
+    "to serve at least one request",
+    "prefill tokens",
 )
 _TRIGGER = re.compile(
     r"out of memory|internal assert failed|hami-core|4pdvgpu|unable to (?:write|allocate|mmap)|no space left"
     r"|killed|bus error|oomkill|(?<!\d)137(?!\d)|sigkill|exitcode|cublas_status_alloc_failed|failed to extend"
     r"|shared memory segment|emptydir volume|running low on memory"
-    r"|oom[-_]kill|defaultcpuallocator|preemptively|cuda_error_out_of_memory|cudaerrormemoryallocation",
+    r"|oom[-_]kill|defaultcpuallocator|preemptively|cuda_error_out_of_memory|cudaerrormemoryallocation"
+    r"|less than desired gpu memory|memory for the cache blocks|stored in kv cache|to serve at least one request"
+    r"|prefill tokens",
     re.IGNORECASE,
 )
+# An inference server sizing itself at start-up (vLLM, TGI) says in its own words that the device or its
+# budget is too small: vLLM's check of the device's free memory before it loads anything (what is missing
+# is held by other processes), its KV cache left too small by the weights for its max_model_len, TGI's
+# warm-up that cannot fit its largest prefill.
+_RE_VLLM_FREE = re.compile(
+    r"Free memory on device(?: [\w:]{1,20})? \((\d{1,6}(?:\.\d{1,4})?)(?:-\d{1,6}(?:\.\d{1,4})?)?/(\d{1,6}(?:\.\d{1,4})?) GiB\)"
+    r" on startup is less than desired GPU memory utilization \((\d{0,2}\.\d{1,6}|1), (\d{1,6}(?:\.\d{1,4})?) GiB\)"
+)
+_RE_VLLM_KV = re.compile(
+    r"No available memory for the cache blocks"
+    r"|The model's max seq len \((\d[\d,]{0,12})\) is larger than the maximum number of tokens that can be "
+    r"stored in KV cache \((\d[\d,]{0,12})\)"
+    r"|To serve at least one request with the models?'s max seq len \((\d[\d,]{0,12})\),?\s{0,3}(?:\(?"
+    r"(\d{1,6}(?:\.\d{1,4})?) GiB KV cache is needed, which is larger than the available KV cache memory "
+    r"\((-?\d{1,6}(?:\.\d{1,4})?) GiB\))?"
+)
+_RE_TGI_PREFILL = re.compile(r"Not enough memory to handle (\d{1,9}) prefill tokens")
 _RE_TORCH = re.compile(r"(?<![\w])(CUDA|HIP) out of memory")
 _RE_CUDA_ERR = re.compile(
     r"(?:CUDA|HIP) (?:driver )?error: (?:out of memory|CUBLAS_STATUS_ALLOC_FAILED)"
@@ -496,9 +520,52 @@ def _detect(content: str) -> list[_Hit]:
         if m:
             msg = OomMessage(HOST_OOM, "host-cpu-alloc", "", requested_bytes=int(m.group(1)))
             hits.append(_Hit(m.start(), msg))
+    if "less than desired" in low or "kv cache" in low or "cache blocks" in low or "prefill tokens" in low:
+        hits.extend(_detect_serving(content))
     hits.extend(_detect_host(content, low))
     hits.sort(key=lambda h: h.start)
     return hits
+
+
+def _gib(text: str) -> int:
+    return round(float(text) * GiB)
+
+
+def _detect_serving(content: str) -> list[_Hit]:
+    """An inference server's own words that the device or its memory budget is too small (see
+    ``_RE_VLLM_FREE``): the free-memory check is a CUDA OOM with the device's numbers (nothing of the
+    server's allocated yet, its budget the request); the others are ``serving-config``."""
+    m = _RE_VLLM_FREE.search(content)
+    if m:
+        msg = OomMessage(
+            CUDA_OOM,
+            "vllm-startup",
+            "",
+            requested_bytes=_gib(m.group(4)),
+            total_bytes=_gib(m.group(2)),
+            free_bytes=_gib(m.group(1)),
+            allocated_bytes=0,
+            reserved_bytes=0,
+            extra={"engine": "vllm", "gpu_memory_utilization": m.group(3)},
+        )
+        return [_Hit(_error_start(content, m.start()), msg)]
+    m = _RE_VLLM_KV.search(content)
+    if m:
+        msg = OomMessage(CUDA_OOM, "serving-config", "", extra={"engine": "vllm", "limit": "kv-cache"})
+        if m.group(1):
+            msg.extra.update(max_model_len=m.group(1).replace(",", ""), kv_tokens=m.group(2).replace(",", ""))
+        elif m.group(3):
+            msg.extra["max_model_len"] = m.group(3).replace(",", "")
+            if m.group(4):
+                msg.requested_bytes = _gib(m.group(4))
+                msg.extra["kv_available_bytes"] = str(max(0, _gib(m.group(5))))
+        return [_Hit(_error_start(content, m.start()), msg)]
+    m = _RE_TGI_PREFILL.search(content)
+    if m:
+        msg = OomMessage(CUDA_OOM, "serving-config", "", extra={"engine": "tgi", "limit": "prefill"})
+        msg.extra["prefill_tokens"] = m.group(1)
+        return [_Hit(_error_start(content, m.start()), msg)]
+    return []
 
 
 def _detect_torch(content: str) -> list[_Hit]:
@@ -1178,6 +1245,8 @@ _RE_SETUP_FRAME = re.compile(
     # an inference server sizing itself before it serves: vLLM's profiling, warm-up and graph capture
     r'|vllm/[^"]{1,200}", line \d+, in (?:profile_run|_dummy_run|_dummy_sampler_run|determine_num_available_blocks'
     r"|determine_available_memory|capture_model|compile_or_warm_up_model|_initialize_kv_caches)"
+    # TGI's warm-up: the largest prefill its flags allow, run once before it serves
+    r'|text_generation_server/[^"]{1,200}", line \d+, in [Ww]armup'
     r")\b"
 )
 _RE_TRACEBACK_HEAD = re.compile(r"Traceback \(most recent call last\)")

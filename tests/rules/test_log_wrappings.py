@@ -134,6 +134,62 @@ def test_an_inference_server_sizing_itself_at_start_up(fn: str, setup: bool) -> 
     assert (d.verdict == "workload_too_large") is setup, d.headline
 
 
+VLLM_FREE = (
+    "INFO 07-14 09:31:20 [gpu_worker.py:140] init_device\n"
+    "ERROR 07-14 09:31:23 [core.py:586] ValueError: Free memory on device ({free}/79.19 GiB) on startup is less "
+    "than desired GPU memory utilization ({util}, {want} GiB). Decrease GPU memory utilization or reduce GPU "
+    "memory used by other processes.\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("free", "util", "want", "verdict"),
+    [("31.52", "0.9", "71.27", "other_process"), ("72.10", "0.95", "75.23", "other_process")],
+)
+def test_vllm_finding_the_device_taken_at_start_up_is_another_process(
+    free: str, util: str, want: str, verdict: str
+) -> None:
+    """vLLM measures the device before it loads anything: what is in use then, but for its context, is
+    other processes'. Its budget is its own setting, not a tensor it needed: no too-large verdict."""
+    d, ev = diagnose_text(VLLM_FREE.format(free=free, util=util, want=want))
+    assert ev.step == 0  # a server's start-up: nothing could have leaked
+    assert d.verdict == verdict, d.headline
+    assert "tensor_leak" not in d.candidates
+
+
+SERVING_CONFIG = [
+    "INFO 12-18 10:44:39 worker.py:241] model weights take 65.72GiB; non_torch_memory takes 1.19GiB; PyTorch "
+    "activation peak memory takes 5.31GiB; the rest of the memory reserved for KV Cache is -0.98GiB.\n"
+    "ERROR 12-18 10:44:40 engine.py:366] ValueError: No available memory for the cache blocks. Try increasing "
+    "`gpu_memory_utilization` when initializing the engine.\n",
+    "ValueError: The model's max seq len (131072) is larger than the maximum number of tokens that can be stored "
+    "in KV cache (28752). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing "
+    "the engine.\n",
+    "2024-05-14T08:05:01.667214Z ERROR warmup{max_input_length=30000 max_prefill_tokens=32000}:warmup: "
+    "text_generation_client: router/client/src/lib.rs:33: Server error: Not enough memory to handle 32000 prefill "
+    "tokens. You need to decrease `--max-batch-prefill-tokens`\n",
+]
+
+
+@pytest.mark.parametrize("log", SERVING_CONFIG)
+def test_a_server_whose_own_budget_cannot_hold_its_configuration_is_too_large(log: str) -> None:
+    d, _ = diagnose_text(log)
+    assert d.verdict == "workload_too_large", d.headline
+    assert d.owner == "algorithm"
+    assert any("--max-model-len" in a or "--max-batch-prefill-tokens" in a for a in d.actions)
+
+
+def test_tgis_warm_up_failing_in_torch_is_its_start_up() -> None:
+    tb = (
+        "Traceback (most recent call last):\n"
+        '  File "/opt/conda/lib/python3.11/site-packages/text_generation_server/models/flash_causal_lm.py", '
+        "line 912, in warmup\n    _, batch, _ = self.generate_token(batch)\n"
+    )
+    d, ev = diagnose_text(tb + OOM_A100)
+    assert ev.setup_call is not None and "warmup" in ev.setup_call
+    assert d.verdict == "workload_too_large", d.headline
+
+
 # ---------------------------------------------------------------- a slice or a cap of the job's own
 MIG_LOG = (
     "device: NVIDIA A100-SXM4-80GB MIG 2g.20gb\n"
