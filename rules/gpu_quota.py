@@ -15,10 +15,11 @@ a job that would not fit the full GPU either is too large, not limited.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from rules.base import CANDIDATE, LEAD, LIKELY, POSSIBLE, STRONG, Finding
-from triage.units import human
+from triage.units import GiB, human
 
 if TYPE_CHECKING:
     from triage.evidence import Evidence
@@ -26,6 +27,12 @@ if TYPE_CHECKING:
 ID = "gpu_quota"
 VERDICT = "gpu_quota"
 OWNER = "platform"
+
+
+def _profile_bytes(profile: str) -> int | None:
+    """The memory a MIG profile's name states ("3g.40gb": 40 GB, GiB in NVIDIA's naming)."""
+    m = re.match(r"\d{1,2}g\.(\d{1,3})gb", profile or "")
+    return int(m.group(1)) * GiB if m else None
 
 
 def evaluate(ev: Evidence) -> Finding | None:
@@ -87,7 +94,12 @@ def evaluate(ev: Evidence) -> Finding | None:
             # only a log line says it is a slice, nothing says how full it was: a lead, not a verdict
             s = LEAD
             f.missing.append("the OOM message's numbers or the collector's device record for the slice")
-        if ev.declared_total_bytes and total and ev.declared_total_bytes > total * 1.05:
+        # the slice's own size, when nothing measured it, is what its profile names ("1g.10gb")
+        size_of = total or _profile_bytes(ev.mig_profile)
+        if ev.declared_total_bytes and size_of and ev.declared_total_bytes > size_of * 1.05:
+            f.facts.append(
+                f"The job was declared for {human(ev.declared_total_bytes)}, more than the slice it runs on."
+            )
             s = STRONG
         elif ev.declared_total_bytes and total:
             # the job was promised this slice's size: the slice is what it asked for, not a limit below it

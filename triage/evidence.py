@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from triage.messages import OomMessage
 
 _RE_MIG_PROFILE = re.compile(r"\bMIG[ -]?(\d{1,2}g\.\d{1,3}gb(?:\+me)?)\b", re.IGNORECASE)
+# the slice a pod asked for: its Kubernetes resource name (``nvidia.com/mig-3g.40gb: 1``)
+_RE_MIG_RESOURCE = re.compile(r"nvidia\.com/mig-(\d{1,2}g\.(\d{1,3})gb(?:\+me)?)\b", re.IGNORECASE)
 # an NVIDIA product name that states its memory, as torch.cuda.get_device_name() or nvidia-smi print it
 # ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "Tesla V100-SXM2-32GB")
 _RE_PRODUCT_NAME = re.compile(
@@ -486,6 +488,7 @@ class Evidence:
     declared_total_bytes: int | None = None
     mig_profile: str | None = None
     log_mig_profile: str | None = None  # the one MIG profile the log text names (nvidia-smi, a device print)
+    log_asked_mig: tuple[str, int] | None = None  # (profile, GB) of the one MIG resource the log shows asked for
     log_device_name: str = ""  # the one GPU product (by memory size) the log text names
     fraction_cap_bytes: int | None = None
     fraction_rejected: bool = False
@@ -851,7 +854,14 @@ def build_evidence(
         killers = [ln for ln in candidates if _RE_OTHER_KILLER.search(ln)]
         if killers:
             ev.other_killer = killers[-1].strip()[:200]
-        profiles = {p.lower() for ln in candidates for p in _RE_MIG_PROFILE.findall(ln)}
+        asked = {(p.lower(), int(gb)) for ln in candidates for p, gb in _RE_MIG_RESOURCE.findall(ln)}
+        if len(asked) == 1:
+            ev.log_asked_mig = asked.pop()
+        profiles = {
+            p.lower()
+            for ln in candidates
+            for p in _RE_MIG_PROFILE.findall(_RE_MIG_RESOURCE.sub("", ln) if "nvidia.com" in ln else ln)
+        }
         if len(profiles) == 1:  # several different slices listed (nvidia-smi -L of the node): not decided
             ev.log_mig_profile = profiles.pop()
         for t in texts:
@@ -1043,6 +1053,11 @@ def _device(ev: Evidence) -> None:
     if ev.mig_profile is None and ev.log_mig_profile and not ev.device_name:
         ev.mig_profile = ev.log_mig_profile
         ev.notes.append(f"The log names the device as a MIG slice ({ev.log_mig_profile}).")
+    asked = ev.log_asked_mig
+    if asked and ev.mig_profile and ev.declared_total_bytes is None and asked[0] != ev.mig_profile.lower():
+        # the pod asked for one slice and runs on another: what it asked for is what it was sized for
+        ev.declared_total_bytes = asked[1] * GiB
+        ev.notes.append(f"The log shows the pod asked for a MIG {asked[0]} slice and it runs on {ev.mig_profile}.")
     if not ev.device_name and ev.log_device_name:
         ev.device_name = ev.log_device_name
         ev.notes.append(f"The log names the device: {ev.log_device_name}.")

@@ -201,6 +201,27 @@ MIG_LOG = (
 )
 
 
+MIG_ASKED = (
+    '[entrypoint] chart values: resources.limits["nvidia.com/mig-{asked}"]=1\n'
+    "[entrypoint] nvidia-smi -L\nGPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-5b1e0f3a)\n"
+    "  MIG 1g.10gb     Device  0: (UUID: MIG-0f6a2c71)\n"
+    "Traceback (most recent call last):\n"
+    '  File "/srv/embed.py", line 41, in main\n    model.to("cuda")\n'
+    'RuntimeError: NVML_SUCCESS == r INTERNAL ASSERT FAILED at "../c10/cuda/CUDACachingAllocator.cpp":830, '
+    "please report a bug to PyTorch.\n"
+)
+
+
+@pytest.mark.parametrize(("asked", "quota"), [("3g.40gb", True), ("1g.10gb", False)])
+def test_a_pod_that_asked_for_a_larger_slice_than_it_runs_on(asked: str, quota: bool) -> None:
+    """The log shows the MIG resource the pod asked for and the slice it got (nvidia-smi -L): a smaller
+    slice than asked is the platform's; the slice it asked for, with nothing saying how full it was, is
+    not decided."""
+    d, ev = diagnose_text(MIG_ASKED.format(asked=asked))
+    assert ev.mig_profile == "1g.10gb"
+    assert (d.verdict == "gpu_quota") is quota, d.headline
+
+
 def test_a_first_step_that_does_not_fit_a_mig_slice_nothing_says_it_asked_for_is_the_slice() -> None:
     d, ev = diagnose_text(MIG_LOG)
     assert ev.step == 0 and ev.mig_profile == "2g.20gb"
