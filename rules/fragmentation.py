@@ -128,7 +128,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         )
         f.score = min(f.score - 0.25, POSSIBLE)
     needed = ev.needed_bytes
-    peaks = [st.peak_allocated_bytes for st in ev.steps] if len(ev.steps) >= 3 else []
+    peaks = ev.step_peaks if len(ev.steps) >= 3 else []
     if (
         largest is None
         and ru >= req

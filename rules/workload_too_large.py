@@ -467,7 +467,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         )
         f.score = max(f.score, LIKELY - neighbour_penalty) + 0.15
     # the collector's samples, however few; else the steps the trace shows
-    peaks = [s.peak_allocated_bytes for s in ev.steps] if len(ev.steps) >= 2 else ev.earlier_peaks
+    peaks = ev.step_peaks if len(ev.steps) >= 2 else ev.earlier_peaks
     if (
         peaks
         and needed is not None

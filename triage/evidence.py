@@ -517,7 +517,8 @@ class Evidence:
     non_pytorch_bytes: int | None = None
     batch_size: int | None = None
     step: int | None = None
-    steps: list[StepSample] = field(default_factory=list)  # completed steps the collector sampled
+    steps: list[StepSample] = field(default_factory=list)
+    peaks_sampled: bool = True  # the step samples carry each step's peak (a log may print only the floor)  # completed steps the collector sampled
     trend: StepTrend | None = None
     trend_source: str = "samples"  # samples (the collector's per-step memory) | trace (cycles in the trace)
     survivors: list[Survivors] = field(default_factory=list)
@@ -593,7 +594,7 @@ class Evidence:
         trace (the first, and the failing one, left out). Empty for fewer than TRACE_MIN_CYCLES steps: too
         few to say what the job's steps demand."""
         if self.steps:
-            peaks = [s.peak_allocated_bytes for s in self.steps]
+            peaks = self.step_peaks
         elif self.freed_calls is not None and self.freed_calls < TRACE_MIN_CYCLES:
             # the stacks show the model's calls, and fewer forward passes than that came and went: the
             # cycles are a forward pass's layers (checkpointed blocks, large temporaries), not steps
@@ -601,6 +602,12 @@ class Evidence:
         else:
             peaks = [top for _, top in self._oom_trace_cycles[1:-1]]
         return peaks if len(peaks) >= TRACE_MIN_CYCLES else []
+
+    @property
+    def step_peaks(self) -> list[int]:
+        """Each sampled step's peak; empty when the samples have none (a log that printed live memory
+        between steps, not the peak: the floor is not the peak)."""
+        return [s.peak_allocated_bytes for s in self.steps] if self.peaks_sampled else []
 
     @property
     def earlier_peak_bytes(self) -> int | None:
@@ -1475,6 +1482,7 @@ def _log_samples(ev: Evidence, text: str, from_log: set[int]) -> None:
     if len(samples) < MIN_LOG_SAMPLES:
         return
     ev.steps = _step_samples(samples)
+    ev.peaks_sampled = any(s["peak_allocated_bytes"] > s["allocated_bytes"] for s in samples)
     ev.trend = _phase_trend(ev.steps)
     if ev.trend is not None:
         ev.notes.append(
@@ -2290,7 +2298,7 @@ def aligned_step(ev: Evidence) -> AlignedStep | None:
     tl, oom, needed = ev.oom_timeline, ev.oom_entry, ev.needed_bytes
     if tl is None or oom is None or needed is None or not ev.has_frames:
         return None
-    peaks = [s.peak_allocated_bytes for s in ev.steps] if len(ev.steps) >= 2 else ev.earlier_peaks
+    peaks = ev.step_peaks if len(ev.steps) >= 2 else ev.earlier_peaks
     if peaks and max(peaks) >= needed:
         # a step as large already ran to its end: scaling a smaller one (whose parts grow at different
         # rates: attention with the square of the length) says less than that

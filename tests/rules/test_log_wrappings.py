@@ -422,6 +422,25 @@ def test_megatrons_memory_report_prints_its_unit_once_for_the_line() -> None:
     ]
 
 
+def test_live_memory_printed_between_steps_is_not_their_peak() -> None:
+    """A loop that prints only ``memory_allocated()`` between batches shows the floor: nothing says how
+    high its steps went, so a failing step far above the floor is not "unlike every earlier step"."""
+    prints = "\n".join(
+        f"[asr] INFO: {1200 * k}/8641 files, allocated {11.9 + 0.05 * (k % 2):.2f} GiB, reserved {31.4 + 4 * k:.2f} GiB"
+        for k in range(1, 6)
+    )
+    oom = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.52 GiB. GPU 0 has a total capacity of "
+        "47.54 GiB of which 1.16 GiB is free. Including non-PyTorch memory, this process has 46.37 GiB memory in "
+        "use. Of the allocated memory 29.94 GiB is allocated by PyTorch, and 15.93 GiB is reserved by PyTorch but "
+        "unallocated.\n"
+    )
+    d, ev = diagnose_text(prints + "\n" + TRACEBACK + oom)
+    assert len(ev.steps) == 5 and not ev.peaks_sampled
+    assert ev.earlier_peaks == []
+    assert not any("peaked at" in e.fact for e in d.evidence), [e.fact for e in d.evidence]
+
+
 def test_deepspeeds_timer_prints_gib_as_gb() -> None:
     line = (
         "[INFO] [timer.py:198:stop] epoch=0/micro_step={k}/global_step={k}, RunningAvgSamplesPerSec=17.9, "
