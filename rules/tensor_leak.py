@@ -669,8 +669,8 @@ def evaluate(ev: Evidence) -> Finding | None:
             return None  # nothing can leak before the first step completes
         if not ev.is_cuda_oom:
             return None  # no OOM and nothing growing: nothing to suspect
-        if ev.request_beyond_device:
-            return None  # kept tensors cannot make one request larger than the device
+        if ev.request_beyond_device or ev.request_beyond_floor:
+            return None  # kept tensors cannot make room for one request larger than the device
         f.score = CANDIDATE
         adding = accumulating_site(ev)
         regrown = regrown_across_calls(ev)

@@ -591,6 +591,14 @@ def evaluate(ev: Evidence) -> Finding | None:
             "sequence or a shape far larger than meant)."
         )
         f.score = max(f.score, STRONG - 0.05)
+    elif ev.request_beyond_floor and not slice_name and promised is None:
+        f.facts.append(
+            f"The one allocation it asked for, {human(ev.request_bytes or 0)}, does not fit beside the least the "
+            f"log ever showed the job holding ({human(ev.log_floor_bytes or 0)}) on a device of "
+            f"{human(ev.physical_bytes)}: whatever else was released, it could not have fitted. A tensor this "
+            "size is the work's own (a batch, a sequence, a beam search far larger than this device takes)."
+        )
+        f.score = max(f.score, LIKELY + 0.05)
     if f.score <= CANDIDATE:
         f.missing.append(
             "live memory per step (the collector's step samples): a leak grows across steps, a too-large batch does not"

@@ -100,6 +100,7 @@ PROGRESS_AFTER_OOM = 10
 STEP_SWING_SHARE = 0.5
 LATE_RISES = 8  # consecutive rising steps up to the OOM that make a leak, however flat the steps before
 SERVING_START_FORMATS = frozenset({"vllm-startup", "serving-config"})  # an inference server sizing itself
+FLOOR_MARGIN = 1.02  # a printed floor and a request past the device by this much (units printed loosely)
 TRACE_MIN_CYCLES = 4  # cycles of live memory in a trace before they are read as steps
 FLAT_FLOOR_SHARE = 0.03  # of what the job could hold: a trace's step floors within this did not climb
 RECENT_BATCH_STEPS = 2  # a batch that grew this many completed steps before the OOM still explains it
@@ -488,7 +489,9 @@ class Evidence:
     declared_total_bytes: int | None = None
     mig_profile: str | None = None
     log_mig_profile: str | None = None  # the one MIG profile the log text names (nvidia-smi, a device print)
-    log_asked_mig: tuple[str, int] | None = None  # (profile, GB) of the one MIG resource the log shows asked for
+    log_asked_mig: tuple[str, int] | None = (
+        None  # (profile, GB) of the one MIG resource the log shows asked for
+    )
     log_device_name: str = ""  # the one GPU product (by memory size) the log text names
     fraction_cap_bytes: int | None = None
     fraction_rejected: bool = False
@@ -518,7 +521,10 @@ class Evidence:
     batch_size: int | None = None
     step: int | None = None
     steps: list[StepSample] = field(default_factory=list)
-    peaks_sampled: bool = True  # the step samples carry each step's peak (a log may print only the floor)  # completed steps the collector sampled
+    peaks_sampled: bool = True  # the step samples carry each step's peak (a log may print only the floor)
+    log_floor_bytes: int | None = (
+        None  # the least live memory the log printed before the failure  # completed steps the collector sampled
+    )
     trend: StepTrend | None = None
     trend_source: str = "samples"  # samples (the collector's per-step memory) | trace (cycles in the trace)
     survivors: list[Survivors] = field(default_factory=list)
@@ -729,6 +735,21 @@ class Evidence:
         physical = self.physical_bytes
         return bool(
             self.is_cuda_oom and physical and self.request_bytes is not None and self.request_bytes > physical
+        )
+
+    @property
+    def request_beyond_floor(self) -> bool:
+        """The failing allocation does not fit beside the least the log ever showed the job holding (its
+        lowest printed live memory: the weights, before anything else): whatever else was released, a
+        leak's blocks or a neighbour's, the device could not have held it."""
+        physical = self.physical_bytes
+        floor = self.log_floor_bytes
+        return bool(
+            self.is_cuda_oom
+            and physical
+            and floor
+            and self.request_bytes is not None
+            and floor + self.request_bytes > FLOOR_MARGIN * physical
         )
 
     @property
@@ -1064,7 +1085,9 @@ def _device(ev: Evidence) -> None:
     if asked and ev.mig_profile and ev.declared_total_bytes is None and asked[0] != ev.mig_profile.lower():
         # the pod asked for one slice and runs on another: what it asked for is what it was sized for
         ev.declared_total_bytes = asked[1] * GiB
-        ev.notes.append(f"The log shows the pod asked for a MIG {asked[0]} slice and it runs on {ev.mig_profile}.")
+        ev.notes.append(
+            f"The log shows the pod asked for a MIG {asked[0]} slice and it runs on {ev.mig_profile}."
+        )
     if not ev.device_name and ev.log_device_name:
         ev.device_name = ev.log_device_name
         ev.notes.append(f"The log names the device: {ev.log_device_name}.")
@@ -1479,6 +1502,8 @@ def _log_samples(ev: Evidence, text: str, from_log: set[int]) -> None:
 
     m = ev.message if ev.message is not None and id(ev.message) in from_log else None
     samples = memory_samples(text, m.rank if m else None, m.line_no if m else None)
+    if samples:
+        ev.log_floor_bytes = min(s["allocated_bytes"] for s in samples)
     if len(samples) < MIN_LOG_SAMPLES:
         return
     ev.steps = _step_samples(samples)

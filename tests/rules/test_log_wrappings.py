@@ -441,6 +441,31 @@ def test_live_memory_printed_between_steps_is_not_their_peak() -> None:
     assert not any("peaked at" in e.fact for e in d.evidence), [e.fact for e in d.evidence]
 
 
+@pytest.mark.parametrize(("request_gib", "decided"), [(58.61, True), (40.00, False)])
+def test_a_request_that_cannot_fit_beside_what_the_job_held_after_loading(
+    request_gib: float, decided: bool
+) -> None:
+    """One generate() call asks for a buffer that does not fit beside the weights the log showed loaded:
+    nothing released (a leak's blocks, a neighbour's) would have made room. A request that would fit
+    beside them is not decided by the message."""
+    log = (
+        "INFO run_generation: model loaded: 13.02B params, dtype=torch.float16, "
+        "torch.cuda.memory_allocated()=24.24 GiB\n"
+        + TRACEBACK
+        + f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {request_gib:.2f} GiB. GPU 0 has a total "
+        "capacity of 79.15 GiB of which 21.39 GiB is free. Including non-PyTorch memory, this process has 57.76 GiB "
+        "memory in use. Of the allocated memory 56.96 GiB is allocated by PyTorch, and 318.41 MiB is reserved by "
+        "PyTorch but unallocated.\n"
+    )
+    d, ev = diagnose_text(log)
+    assert ev.log_floor_bytes == round(24.24 * GiB)
+    assert ev.request_beyond_floor is decided
+    if decided:
+        assert d.verdict == "workload_too_large", d.headline
+    else:
+        assert d.verdict == "inconclusive", d.headline
+
+
 def test_deepspeeds_timer_prints_gib_as_gb() -> None:
     line = (
         "[INFO] [timer.py:198:stop] epoch=0/micro_step={k}/global_step={k}, RunningAvgSamplesPerSec=17.9, "
