@@ -48,6 +48,10 @@ if TYPE_CHECKING:
     from triage.evidence import Evidence
 
 ID = "fragmentation"
+LONG_FLAT_STEPS = 8  # printed steps of flat live memory before a long run shows nothing grew
+FLAT_SHARE = 0.05  # of what the job could hold: growth over the run within this is flat
+HOLES_TIMES_REQUEST = 4  # holes that could have held the request this many times over ...
+HOLES_SHARE = 0.1  # ... and are this share of what the job could hold at least
 VERDICT = "fragmentation"
 OWNER = "algorithm"
 
@@ -148,6 +152,32 @@ def evaluate(ev: Evidence) -> Finding | None:
             f"{human(needed)} this moment needed, and live memory after each step did not grow: the step fits, "
             f"and the {human(ru)} left in split segments after the allocator released what it could decided it."
         )
+        f.score = max(f.score, LIKELY)
+    elif (
+        (usable := ev.usable_bytes) is not None
+        and largest is None
+        and not peaks
+        and trend is not None
+        and trend.steps >= LONG_FLAT_STEPS
+        and not growing
+        and not trend.staircase
+        and needed is not None
+        and needed <= usable
+        and trend.growth_bytes <= FLAT_SHARE * usable
+        and ru >= max(HOLES_TIMES_REQUEST * req, HOLES_SHARE * usable)
+        and not ev.batch_grew_from
+        and not (ev.other_process_bytes and ev.other_process_bytes > ru)
+    ):
+        # only the floor between steps was printed, flat over a long run: nothing leaked, and steps like
+        # this one ran that long; the holes the allocator could not release were a large share of what the
+        # job could hold and the request several times over
+        f.facts.append(
+            f"Live memory between steps stayed flat over {trend.steps} printed steps, and {human(ru)} — "
+            f"{ru / usable:.0%} of what the job could hold — sat in split segments the allocator could not "
+            f"release, {ru / max(1, req):.0f}x the {human(req)} requested: the holes decided it (how high this "
+            "step would have gone is not printed)."
+        )
+        f.missing.append("each step's peak (torch.cuda.max_memory_allocated()) beside its live memory")
         f.score = max(f.score, LIKELY)
     grow = growing_request(ev)
     if grow is not None:

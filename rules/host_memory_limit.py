@@ -87,6 +87,7 @@ def evaluate(ev: Evidence) -> Finding | None:
             "host-ray-oom": "Ray's memory monitor's kill",
             "host-cpu-alloc": "the host allocator's refusal",
             "host-slurm-oom": "Slurm's memory-limit kill",
+            "host-notebook-ram": "the notebook's restart for lack of RAM",
         }.get(last.format, "the kernel's kill")
         what = what if named else "a SIGKILL"
         f.facts.append(f"The log ends with {what}: {last.text.strip()[:160]}")

@@ -101,6 +101,15 @@ def evaluate(ev: Evidence) -> Finding | None:
                 f"The job alone needed {human(ev.needed_bytes)} of {human(ev.total_bytes)}: it would not fit even on an empty GPU."
             )
             f.score = min(f.score, CANDIDATE)
+    elif others and (top := ev.neighbour_took_margin) is not None:
+        names = ", ".join(f"pid {p.pid} ({human(p.used_bytes)})" for p in others[:4])
+        f.facts.append(
+            f"{len(ev.step_peaks)} earlier steps at this batch size peaked at {human(top)}, as much as this moment "
+            f"needed, and fitted; now the job could hold {human(ev.usable_bytes or 0)}, less than that by no more "
+            f"than other processes hold on the GPU ({names}): small, but they took the margin the steps ran in."
+        )
+        f.values["other_process_bytes"] = other_bytes
+        f.score = LIKELY
     elif ev.non_pytorch_bytes is not None and ev.non_pytorch_bytes > CUDA_CONTEXT_MAX and not ev.processes:
         f.facts.append(
             f"{human(ev.non_pytorch_bytes)} of the GPU is in use outside this process's PyTorch allocator "

@@ -536,6 +536,11 @@ def evaluate(ev: Evidence) -> Finding | None:
         # failed on the layout, and whether the rest of the step fits is not known
         f.facts.append(stranded)
         f.score = min(f.score, LEAD)
+    if ev.neighbour_took_margin is not None:
+        f.facts.append(
+            "The same steps fitted before at this batch size: the device has less room now, not the step more need."
+        )
+        f.score = min(f.score, POSSIBLE)
     promised = ev.promised_bytes
     if promised is not None and needed is not None and needed <= 0.9 * promised:
         f.facts.append(

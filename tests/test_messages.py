@@ -645,6 +645,15 @@ def test_an_inference_servers_own_words_at_start_up(
     assert m.exception_type in ("ValueError", "RuntimeError")
 
 
+def test_a_notebook_restarted_for_lack_of_ram() -> None:
+    m = one(
+        "Your session crashed after using all available RAM. If you are interested in access to high-RAM "
+        "runtimes, you may want to check out Colab Pro.\n"
+    )
+    assert (m.kind, m.format, m.exit_code) == ("host_oom", "host-notebook-ram", 137)
+    assert m.text.startswith("Your session crashed")
+
+
 def test_bash_job_killed_line() -> None:
     m = one(
         "/var/spool/slurmd/job1/slurm_script: line 12:  4242 Killed                  python train.py\nnext\n"

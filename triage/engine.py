@@ -55,7 +55,8 @@ def decide(ev: Evidence, findings: list[Finding]) -> Diagnosis:
         ranked.insert(0, leak)
     top = ranked[0] if ranked else None
     runner = ranked[1] if len(ranked) > 1 else None
-    gap = top.score - (runner.score if runner else 0.0) if top else 0.0
+    # scores are sums of tenths: round away the float error (0.7 - 0.55 is 0.1499…, not the 0.15 margin)
+    gap = round(top.score - (runner.score if runner else 0.0), 6) if top else 0.0
     precedence = top is not None and top is leak and leak.score >= LEAK_PRECEDENCE
     can_decide = ev.kind not in ("none", "unknown") or (ev.kind == "unknown" and bool(ev.messages))
     if top is not None and can_decide and top.score >= CONFIDENT and (gap >= MARGIN or precedence):

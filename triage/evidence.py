@@ -765,6 +765,25 @@ class Evidence:
         )
 
     @property
+    def neighbour_took_margin(self) -> int | None:
+        """The highest peak of the earlier steps, when those steps (at least ``TRACE_MIN_CYCLES``, flat,
+        at the batch size that failed) reached what this moment needed (within 2%), and the other processes
+        on the device hold at least what the job was short of: the steps fitted before, and a neighbour,
+        however small, took the margin they ran in. None otherwise."""
+        peaks = self.step_peaks
+        needed, usable = self.needed_bytes, self.usable_bytes
+        if len(peaks) < TRACE_MIN_CYCLES or needed is None or usable is None or self.batch_grew_from:
+            return None
+        t = self.trend
+        if t is None or t.rising_fraction >= 0.5 or t.growth_bytes > 0.05 * usable:
+            return None
+        top = max(peaks)
+        # the earlier peak within 2% of this moment's need: the same point of the same step
+        if top < 0.98 * needed or max(top, needed) > usable + self.other_process_bytes:
+            return None
+        return top
+
+    @property
     def hit_own_limit(self) -> bool:
         """The job hit a limit of its own below the device (a fraction cap, a vGPU share): what it held plus
         the request was over that limit, so what other processes held beyond it did not decide."""

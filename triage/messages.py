@@ -317,6 +317,7 @@ _TRIGGER_WORDS = (
     "stored in kv cache",
     "to serve at least one request",
     "prefill tokens",
+    "all available ram",
 )
 _TRIGGER = re.compile(
     r"out of memory|internal assert failed|hami-core|4pdvgpu|unable to (?:write|allocate|mmap)|no space left"
@@ -324,9 +325,11 @@ _TRIGGER = re.compile(
     r"|shared memory segment|emptydir volume|running low on memory"
     r"|oom[-_]kill|defaultcpuallocator|preemptively|cuda_error_out_of_memory|cudaerrormemoryallocation"
     r"|less than desired gpu memory|memory for the cache blocks|stored in kv cache|to serve at least one request"
-    r"|prefill tokens",
+    r"|prefill tokens|all available ram",
     re.IGNORECASE,
 )
+# Colab's notice when the kernel ran out of the VM's memory and was restarted
+_RE_NOTEBOOK_RAM = re.compile(r"(?:Your )?session crashed after using all available RAM")
 # An inference server sizing itself at start-up (vLLM, TGI) says in its own words that the device or its
 # budget is too small: vLLM's check of the device's free memory before it loads anything (what is missing
 # is held by other processes), its KV cache left too small by the weights for its max_model_len, TGI's
@@ -436,13 +439,16 @@ _HOST_PRIORITY = {
     "host-kernel-oom": 0,
     "host-oomkilled": 1,
     "host-slurm-oom": 2,
+    "host-notebook-ram": 2,
     "host-killed": 3,
     "host-worker-killed": 4,
     "host-cpu-alloc": 5,
     "host-sigkill": 6,
     "host-exit-137": 7,
 }
-_HOST_STRONG = frozenset({"host-kernel-oom", "host-oomkilled", "host-slurm-oom", "host-killed"})
+_HOST_STRONG = frozenset(
+    {"host-kernel-oom", "host-oomkilled", "host-slurm-oom", "host-killed", "host-notebook-ram"}
+)
 _HOST_WEAK = frozenset({"host-sigkill", "host-exit-137"})
 _TORCH_FORMATS = frozenset({"pre-2.1", "pre-2.1-cached", "2.1", "2.2+", "fraction-rejected", "unknown"})
 
@@ -738,6 +744,11 @@ def _detect_host(content: str, low: str) -> list[_Hit]:
             msg = OomMessage(HOST_OOM, "host-slurm-oom", "", extra={"events": m.group(1)})
             msg.extra["step"] = m.group(2).rstrip(".")
             hits.append(_Hit(0, msg))
+    if "available ram" in low:
+        m = _RE_NOTEBOOK_RAM.search(content)
+        if m:
+            msg = OomMessage(HOST_OOM, "host-notebook-ram", "", exit_code=137)
+            hits.append(_Hit(m.start(), msg))
     if "xceeded" in low:
         m = _RE_SLURM_EXCEEDED.search(content)
         if m:

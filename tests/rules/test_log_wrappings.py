@@ -466,6 +466,30 @@ def test_a_request_that_cannot_fit_beside_what_the_job_held_after_loading(
         assert d.verdict == "inconclusive", d.headline
 
 
+@pytest.mark.parametrize(
+    ("prints", "unallocated_gib", "want"),
+    [(30, 18.6, "fragmentation"), (5, 18.6, "inconclusive"), (30, 4.0, "inconclusive")],
+)
+def test_a_long_flat_run_that_failed_with_large_holes(prints: int, unallocated_gib: float, want: str) -> None:
+    """Only the floor between steps printed, flat over a long run: nothing leaked and steps like this one
+    ran that long. Holes the allocator could not release that are a large share of what the job could hold
+    and the request many times over decided it. A short run, or holes that are a small share, do not."""
+    floors = "\n".join(
+        f"step {30 * k:5d} | loss 1.{k % 7} | mem_alloc {43.3 + 0.05 * (k % 3):.2f} GiB"
+        for k in range(prints)
+    )
+    held = 44.03
+    reserved = held + unallocated_gib
+    oom = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.20 GiB. GPU 0 has a total capacity of "
+        f"{reserved + 0.5 + 0.9:.2f} GiB of which 0.90 GiB is free. Including non-PyTorch memory, this process "
+        f"has {reserved + 0.5:.2f} GiB memory in use. Of the allocated memory {held:.2f} GiB is allocated by "
+        f"PyTorch, and {unallocated_gib:.2f} GiB is reserved by PyTorch but unallocated.\n"
+    )
+    d, _ = diagnose_text(floors + "\n" + TRACEBACK + oom)
+    assert d.verdict == want, d.headline
+
+
 def test_deepspeeds_timer_prints_gib_as_gb() -> None:
     line = (
         "[INFO] [timer.py:198:stop] epoch=0/micro_step={k}/global_step={k}, RunningAvgSamplesPerSec=17.9, "
