@@ -30,6 +30,18 @@ def one_block_segment(device: int, address: int, size: int, frames: list[dict[st
     }
 
 
+def segment_with_hole(
+    device: int, address: int, size: int, hole: int, frames: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A segment holding one allocated block of ``size`` bytes and, after it, a free block of ``hole``."""
+    seg = one_block_segment(device, address, size, frames)
+    seg["total_size"] = size + hole
+    seg["blocks"].append(
+        {"address": address + size, "size": hole, "requested_size": 0, "state": "inactive", "frames": []}
+    )
+    return seg
+
+
 def free_segment(device: int, address: int, size: int) -> dict[str, Any]:
     """A cached segment with nothing allocated in it: one free (inactive) block of ``size`` bytes."""
     seg = one_block_segment(device, address, size, [])

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.rules.rawsnap import MiB, Trace
+from tests.rules.rawsnap import MiB, Trace, segment_with_hole
 from tests.rules.test_kept_calls import weights
 from triage.pipeline import diagnose_snapshot
 from triage.snapshot.loader import normalise
@@ -50,34 +50,7 @@ def serve(steps: int, *, complete: bool, seed: int = 3) -> dict[str, Any]:
     t.entries.append(
         {"action": "oom", "addr": 0, "size": 2 * GiB, "stream": 0, "device_free": 1 * GiB, "frames": ADMIT}
     )
-    segments = []
-    for addr, (size, frames) in t.live.items():
-        blocks = [
-            {
-                "address": addr,
-                "size": size,
-                "requested_size": size,
-                "state": "active_allocated",
-                "frames": frames,
-            },
-            {"address": addr + size, "size": HOLE, "requested_size": 0, "state": "inactive", "frames": []},
-        ]
-        segments.append(
-            {
-                "device": 0,
-                "address": addr,
-                "total_size": size + HOLE,
-                "allocated_size": size,
-                "active_size": size,
-                "requested_size": size,
-                "stream": 0,
-                "segment_type": "large",
-                "segment_pool_id": (0, 0),
-                "is_expandable": False,
-                "frames": [],
-                "blocks": blocks,
-            }
-        )
+    segments = [segment_with_hole(0, addr, size, HOLE, frames) for addr, (size, frames) in t.live.items()]
     return {"segments": segments, "device_traces": [t.entries]}
 
 
