@@ -296,7 +296,8 @@ def evaluate(ev: Evidence) -> Finding | None:
     watched = (
         (ev.has_frames and ev.trace_steps >= TRACE_MIN_CYCLES and not any(s.cycles for s in ev.survivors))
         or nothing_kept(ev)
-        or ev.trace_floor_flat
+        # earlier calls of the model still held are a leak too small over a few steps to lift the floor
+        or (ev.trace_floor_flat and ev.kept_calls is None)
     )
     if (
         trend is None
