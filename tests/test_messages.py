@@ -654,6 +654,16 @@ def test_a_notebook_restarted_for_lack_of_ram() -> None:
     assert m.text.startswith("Your session crashed")
 
 
+def test_a_message_inside_a_json_record_ends_at_its_escaped_newline() -> None:
+    m = one(
+        '{"level": "ERROR", "message": "ERROR: Unexpected bus error encountered in worker. This might be caused '
+        'by insufficient shared memory (shm).\\nTraceback (most recent call last):\\n  File \\"/app/train.py\\", '
+        'line 55"}\n'
+    )
+    assert m.kind == "shm_exhausted"
+    assert m.text.endswith("(shm).") and "Traceback" not in m.text
+
+
 def test_bash_job_killed_line() -> None:
     m = one(
         "/var/spool/slurmd/job1/slurm_script: line 12:  4242 Killed                  python train.py\nnext\n"

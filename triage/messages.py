@@ -1414,6 +1414,9 @@ class _Parser:
                     _fill_torch(msg, text)
                 else:
                     text = content[hit.start : end].strip()[:MAX_TEXT]
+                    if "\\n" in text and '\\"' in content:
+                        # a JSON log record: the message ends where its escaped newline does
+                        text = text.split("\\n", 1)[0]
                 msg.text = text
                 if msg.exception_type is None:
                     msg.exception_type = _exc_before(content, hit.start)
