@@ -12,7 +12,10 @@ fragmentation — typical of variable sequence lengths and interleaved long-live
 The torch hint ("try expandable_segments") is printed whatever the settings; when
 ``expandable_segments`` is already on, that advice is wrong and we say so. Fragmentation needs the
 block layout (a snapshot) to be proved; from the message alone (reserved-but-unallocated above the
-request) it is only a candidate.
+request) it is only a candidate, unless the steps show what a leak would have shown: step samples whose
+peaks passed this moment's need while live memory stayed flat, a long run of printed live memory that
+stayed flat with holes left that are a large share of what the job could hold and the request several times
+over, or a trace whose step floors did not climb with no earlier model calls still held.
 
 Packing only helps a step that fits: when the failing step, set beside the step before it in the trace
 (the same stacks allocation by allocation, larger tensors), would have needed more than the job could

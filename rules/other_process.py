@@ -8,6 +8,10 @@ with its own PID namespace torch cannot tell it is itself and prints ``Process P
 "this process" — so it is recognised by its pid (the collector records the job's pids) or, failing
 that, by its usage matching the job's reservation plus its CUDA context. The verdict needs the other
 processes' memory to be what made the difference: with it released, the request would have fitted.
+A neighbour too small to count on its own still decides when the job had run in the margin it took: the
+earlier steps at the same batch size peaked at what the failing moment needed and fitted, and the job is
+short now by no more than the others hold. vLLM's check of the device's free memory at start-up, before it
+loads anything, sees only other processes' memory besides its own CUDA context.
 """
 
 from __future__ import annotations

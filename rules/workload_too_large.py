@@ -22,6 +22,12 @@ far are some factor larger; the step before went on growing to its peak after th
 failing step, scaled by the same factor, would have needed that much. More than the job could hold (by
 5%): too large, and the holes in the cache decided nothing.
 
+One allocation that does not fit beside the least live memory the log ever printed (the weights, just
+loaded) is too large whatever else was released. An inference server that sizes itself at start-up says so
+in its own words (vLLM's KV cache too small for its max_model_len, TGI's warm-up prefill): the service's
+configuration against its device. Steps that fitted before at this batch size, on a device a neighbour now
+shares, are not too large: the device has less room (``Evidence.neighbour_took_margin``).
+
 The maximum batch size is estimated from the fixed part and the per-sample part:
 - from completed steps, when the collector sampled them: fixed = live memory after the last step,
   per-sample = (the step's peak − fixed) / batch size;
