@@ -51,12 +51,13 @@ if TYPE_CHECKING:
     from triage.evidence import Evidence
 
 ID = "fragmentation"
+VERDICT = "fragmentation"
+OWNER = "algorithm"
+
 LONG_FLAT_STEPS = 8  # printed steps of flat live memory before a long run shows nothing grew
 FLAT_SHARE = 0.05  # of what the job could hold: growth over the run within this is flat
 HOLES_TIMES_REQUEST = 4  # holes that could have held the request this many times over ...
 HOLES_SHARE = 0.1  # ... and are this share of what the job could hold at least
-VERDICT = "fragmentation"
-OWNER = "algorithm"
 
 # a step far above the earlier peaks (UNLIKE_EARLIER) is a new demand; so is one this much above them when
 # that is beyond the whole range the earlier peaks spanned

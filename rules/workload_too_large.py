@@ -75,6 +75,7 @@ from triage.units import GiB, human
 
 if TYPE_CHECKING:
     from triage.evidence import Evidence
+    from triage.messages import OomMessage
 
 ID = "workload_too_large"
 VERDICT = "workload_too_large"
@@ -290,12 +291,10 @@ def _stranded(ev: Evidence, needed: int | None, usable: int | None) -> str | Non
     return None
 
 
-def _serving_config(ev: Evidence, f: Finding) -> Finding:
+def _serving_config(m: OomMessage, f: Finding) -> Finding:
     """An inference server's own profile at start-up (``serving-config`` messages): the weights leave its
     memory budget too small for the sequence length or prefill its flags ask for. That is the service's
     configuration against its device, before any request: nothing could have leaked."""
-    m = ev.message
-    assert m is not None
     x = m.extra
     if x.get("limit") == "prefill":
         f.facts.append(
@@ -338,7 +337,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         return None
     f = Finding(rule=ID, verdict=VERDICT, score=CANDIDATE)
     if ev.message is not None and ev.message.format == "serving-config":
-        return _serving_config(ev, f)
+        return _serving_config(ev.message, f)
     if ev.message is not None and ev.message.format == "vllm-startup":
         # the "request" is the budget vLLM was told to take, not a tensor; a smaller one only moves the
         # shortage to its KV cache, and the memory missing is held outside it

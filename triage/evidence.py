@@ -489,9 +489,7 @@ class Evidence:
     declared_total_bytes: int | None = None
     mig_profile: str | None = None
     log_mig_profile: str | None = None  # the one MIG profile the log text names (nvidia-smi, a device print)
-    log_asked_mig: tuple[str, int] | None = (
-        None  # (profile, GB) of the one MIG resource the log shows asked for
-    )
+    log_asked_mig: tuple[str, int] | None = None  # (profile, GB) of the MIG resource the log shows asked for
     log_device_name: str = ""  # the one GPU product (by memory size) the log text names
     fraction_cap_bytes: int | None = None
     fraction_rejected: bool = False
@@ -520,11 +518,9 @@ class Evidence:
     non_pytorch_bytes: int | None = None
     batch_size: int | None = None
     step: int | None = None
-    steps: list[StepSample] = field(default_factory=list)
+    steps: list[StepSample] = field(default_factory=list)  # completed steps the collector or log sampled
     peaks_sampled: bool = True  # the step samples carry each step's peak (a log may print only the floor)
-    log_floor_bytes: int | None = (
-        None  # the least live memory the log printed before the failure  # completed steps the collector sampled
-    )
+    log_floor_bytes: int | None = None  # the least live memory the log printed before the failure
     trend: StepTrend | None = None
     trend_source: str = "samples"  # samples (the collector's per-step memory) | trace (cycles in the trace)
     survivors: list[Survivors] = field(default_factory=list)

@@ -287,6 +287,14 @@ def _size(m: re.Match[str], i: int) -> int:
 
 # ------------------------------------------------------------------------------------------ detection
 
+# what an inference server says at start-up when its device or budget is too small (see _RE_VLLM_FREE)
+_SERVING_WORDS = (
+    "less than desired gpu memory",
+    "memory for the cache blocks",
+    "stored in kv cache",
+    "to serve at least one request",
+    "prefill tokens",
+)
 # a literal (lower case) of every alternative of _TRIGGER: a line with none of them cannot match it
 _TRIGGER_WORDS = (
     "out of memory",
@@ -312,11 +320,7 @@ _TRIGGER_WORDS = (
     "preemptively",
     "cuda_error_out_of_memory",
     "cudaerrormemoryallocation",
-    "less than desired gpu memory",
-    "memory for the cache blocks",
-    "stored in kv cache",
-    "to serve at least one request",
-    "prefill tokens",
+    *_SERVING_WORDS,
     "all available ram",
 )
 _TRIGGER = re.compile(
@@ -324,8 +328,7 @@ _TRIGGER = re.compile(
     r"|killed|bus error|oomkill|(?<!\d)137(?!\d)|sigkill|exitcode|cublas_status_alloc_failed|failed to extend"
     r"|shared memory segment|emptydir volume|running low on memory"
     r"|oom[-_]kill|defaultcpuallocator|preemptively|cuda_error_out_of_memory|cudaerrormemoryallocation"
-    r"|less than desired gpu memory|memory for the cache blocks|stored in kv cache|to serve at least one request"
-    r"|prefill tokens|all available ram",
+    r"|all available ram|" + "|".join(map(re.escape, _SERVING_WORDS)),
     re.IGNORECASE,
 )
 # Colab's notice when the kernel ran out of the VM's memory and was restarted
@@ -526,7 +529,7 @@ def _detect(content: str) -> list[_Hit]:
         if m:
             msg = OomMessage(HOST_OOM, "host-cpu-alloc", "", requested_bytes=int(m.group(1)))
             hits.append(_Hit(m.start(), msg))
-    if "less than desired" in low or "kv cache" in low or "cache blocks" in low or "prefill tokens" in low:
+    if any(w in low for w in _SERVING_WORDS):
         hits.extend(_detect_serving(content))
     hits.extend(_detect_host(content, low))
     hits.sort(key=lambda h: h.start)
