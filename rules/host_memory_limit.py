@@ -3,7 +3,9 @@
 Behaviour relied on: host RAM is limited by the container's cgroup (``memory.max`` in cgroup v2,
 ``memory.limit_in_bytes`` in v1). When usage reaches it the kernel kills a process with SIGKILL: no
 Python hook runs, the log ends with "Killed", the exit code is 137 (128 + 9) and Kubernetes reports
-the container as ``OOMKilled``; the cgroup's ``oom_kill`` counter goes up. Typical causes are
+the container as ``OOMKilled``; the cgroup's ``oom_kill`` counter goes up. Page-locked (pinned) host
+buffers, which the DataLoader's pin memory thread allocates through the CUDA driver, fail instead: the
+driver cannot lock more of the host's RAM and CUDA says ``out of memory`` about the host, not the GPU. Typical causes are
 DataLoader workers each holding a copy of the dataset, pinned-memory buffers and CPU offload. GPU
 memory has nothing to do with it.
 """
@@ -25,6 +27,9 @@ OWNER = "platform"
 
 # a SIGKILL or exit code 137 alone: the OOM killer sends it, and so do timeouts, probes and preemptions
 WEAK = frozenset({"host-sigkill", "host-exit-137"})
+# what says a process got SIGKILL and not who sent it (the shell's "Killed", a DataLoader worker "killed by
+# signal: Killed"): the cgroup's own counter can still say the OOM killer did not
+SIGKILL_ONLY = WEAK | {"host-killed", "host-worker-killed"}
 LOW_USAGE = 0.5  # of the container's limit: far from where the OOM killer acts
 BEYOND_ANY_HOST = 4 << 40  # one host allocation larger than this (4 TiB) is larger than any node's memory
 
@@ -41,7 +46,18 @@ def evaluate(ev: Evidence) -> Finding | None:
     weak_kind = (
         bool(text_kinds) and all(m.format in weak for m in text_kinds) and ev.bundle.get("kind") != "host_oom"
     )
-    if ev.kind == "host_oom" and not weak_kind:
+    strong_kind = ev.kind == "host_oom" and not weak_kind
+    use, limit = ev.cgroup_usage_bytes, ev.cgroup_limit_bytes
+    # the cgroup never killed and was far from its limit when the collector read it, after the kill
+    calm = ev.oom_kill_count == 0 and bool(use and limit and use < LOW_USAGE * limit)
+    sigkill_only = all(m.format in SIGKILL_ONLY for m in host_msgs)
+    if strong_kind and sigkill_only and not ev.oom_kill_count and ((ev.other_killer and not named) or calm):
+        # the incident is a host OOM only for a SIGKILL, and it names another sender or a calm cgroup
+        strong_kind = False
+    if strong_kind and host_msgs and all(m.format == "host-pinned" for m in host_msgs):
+        # a refused pinned buffer, not a kill: host RAM, or a limit on locked memory
+        strong_kind = False
+    if strong_kind:
         f.score = STRONG
     elif named:
         f.score = LIKELY + 0.05
@@ -51,14 +67,13 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.score = LIKELY - 0.1
     else:
         return None
-    if f.score < STRONG and not named and not ev.oom_kill_count:
+    if f.score < STRONG and sigkill_only and not ev.oom_kill_count:
         # only a SIGKILL says memory: anything that names another sender, or a cgroup that never killed
         # and was far from its limit, leaves it a candidate
-        if ev.other_killer:
+        if ev.other_killer and not named:
             f.facts.append(f"Something else sends SIGKILL here: {ev.other_killer}")
             f.score = min(f.score, CANDIDATE)
-        use, limit = ev.cgroup_usage_bytes, ev.cgroup_limit_bytes
-        if ev.oom_kill_count == 0 and use and limit and use < LOW_USAGE * limit:
+        if calm and use and limit:
             f.facts.append(
                 f"The cgroup's oom_kill counter is 0 and usage was {human(use)} of {human(limit)}: the kernel "
                 "did not kill for memory here."
@@ -86,6 +101,8 @@ def evaluate(ev: Evidence) -> Finding | None:
         what = {
             "host-ray-oom": "Ray's memory monitor's kill",
             "host-cpu-alloc": "the host allocator's refusal",
+            "host-pinned": "the driver's refusal to pin host memory",
+            "host-evicted": "the kubelet's eviction for node memory pressure",
             "host-slurm-oom": "Slurm's memory-limit kill",
             "host-notebook-ram": "the notebook's restart for lack of RAM",
         }.get(last.format, "the kernel's kill")

@@ -25,7 +25,20 @@ from triage.units import GiB, MiB, human
 if TYPE_CHECKING:
     from triage.evidence import Evidence
 
-HELD_ELSEWHERE = 0.5  # of the device in use outside the job's allocator, with no process lines to say whose
+# in use outside the job's allocator, with no process lines to say whose, that only another process holds:
+# half the device, or a quarter of it when that is also many GiB (a process's own CUDA context, NCCL buffers
+# and library workspaces come to a few GiB at most; another framework preallocating in the same process is rare)
+HELD_ELSEWHERE = 0.5
+HELD_ELSEWHERE_LARGE = 0.25
+HELD_ELSEWHERE_MIN = 8 * GiB
+
+
+def held_elsewhere(non_pytorch: int, total: int) -> bool:
+    """Whether memory outside the job's allocator is too much to be the job's own."""
+    return non_pytorch >= HELD_ELSEWHERE * total or non_pytorch >= max(
+        HELD_ELSEWHERE_LARGE * total, HELD_ELSEWHERE_MIN
+    )
+
 
 ID = "other_process"
 VERDICT = "other_process"
@@ -122,9 +135,9 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.values["non_pytorch_bytes"] = ev.non_pytorch_bytes
         f.missing.append("the NVML process list with pids (the collector records it)")
         f.score = POSSIBLE if ev.non_pytorch_bytes + free >= req else CANDIDATE
-        if f.score == POSSIBLE and ev.total_bytes and ev.non_pytorch_bytes >= HELD_ELSEWHERE * ev.total_bytes:
-            # half the device or more: no CUDA context, NCCL buffer or library workspace of this process is
-            # that large; only another framework in the same process (JAX, TensorFlow preallocating) would be
+        if f.score == POSSIBLE and ev.total_bytes and held_elsewhere(ev.non_pytorch_bytes, ev.total_bytes):
+            # no CUDA context, NCCL buffer or library workspace of this process is that large; only another
+            # framework in the same process (JAX, TensorFlow preallocating) would be
             f.facts.append(
                 f"That is {ev.non_pytorch_bytes / ev.total_bytes:.0%} of the device: more than this process's own "
                 "context, communication buffers and library workspaces come to."

@@ -48,13 +48,16 @@ _RE_OTHER_KILLER = re.compile(
     r"|exceeds (?:its|the) local ephemeral storage limit|forcefully exiting via Signals\.SIGKILL"
     # a graceful stop that outlived its grace period (the kernel's OOM killer sends no SIGTERM first): the
     # kubelet stopping the container, a spot instance reclaimed, torchrun's agent told to shut down
-    r"|\bStopping container\b|\bspot (?:instance )?interruption\b|Received Signals\.SIGTERM death signal",
+    r"|\bStopping container\b|\bspot (?:instance )?interruption\b|Received Signals\.SIGTERM death signal"
+    # a Job past its activeDeadlineSeconds
+    r"|\bDeadlineExceeded\b|active longer than specified deadline",
     re.IGNORECASE | re.MULTILINE,
 )
 # words one of which every line matched by _RE_OTHER_KILLER, _RE_MIG_PROFILE or _RE_PRODUCT_NAME holds
 # (lower case): only those lines of a log are searched
 _LOG_LINE_WORDS = (
     "kill",
+    "deadline",
     "liveness",
     "time limit",
     "preempt",
@@ -643,7 +646,8 @@ class Evidence:
         """Host-memory kills in the text that can have ended this job. After a CUDA OOM traceback the job
         died of its exception: only a kernel/OOMKilled/``Killed`` line *after* the last CUDA OOM counts —
         an earlier one killed something else, and a SIGKILL / exit -9 after it is the launcher (torchrun)
-        tearing down the other ranks."""
+        tearing down the other ranks, a worker's death Python printed as "Exception ignored in" the
+        DataLoader shutting down with its parent."""
         host = [m for m in self.messages if m.kind == "host_oom"]
         cuda = [m.line_no for m in self.messages if m.kind == "cuda_oom" and m.line_no is not None]
         if not host or not cuda:
@@ -655,6 +659,7 @@ class Evidence:
             if m.line_no is not None
             and m.line_no > last
             and m.format not in ("host-sigkill", "host-exit-137")
+            and m.extra.get("ignored") != "true"
         ]
 
     @property
@@ -1519,7 +1524,8 @@ def _log_samples(ev: Evidence, text: str, from_log: set[int]) -> None:
     samples = memory_samples(text, m.rank if m else None, m.line_no if m else None)
     if samples:
         ev.log_floor_bytes = min(s["allocated_bytes"] for s in samples)
-    if len(samples) < MIN_LOG_SAMPLES:
+    if len(samples) < MIN_LOG_SAMPLES or ev.setup_call is not None:
+        # (printed while the model was still being set up: each sample is a loaded shard, not a step)
         return
     ev.steps = _step_samples(samples)
     ev.peaks_sampled = any(s["peak_allocated_bytes"] > s["allocated_bytes"] for s in samples)

@@ -9,7 +9,9 @@ prints (see SNAPSHOT_FORMAT.md §4–5 for the formats):
     [C allowed; ]R reserved in total by PyTorch)``; ``pre-2.1-cached`` the very old ``…; F free;
     C cached)``; ``2.1`` ``GPU d has a total capacty of …`` (torch's typo); ``2.2+`` ``… total
     capacity of …`` with NVML process lines, ``C allowed;`` and private pools; ``fraction-rejected``
-    (``Allocation was preemptively rejected …``); ``unknown`` (``CUDA out of memory`` with too little
+    (``Allocation was preemptively rejected …``); ``async`` (the ``cudaMallocAsync`` backend's ``Allocation on
+    device d would exceed allowed memory. (out of memory)`` followed by its ``Currently allocated``,
+    ``Requested``, ``Device limit``, ``Free (according to CUDA)`` and ``PyTorch limit`` lines); ``unknown`` (``CUDA out of memory`` with too little
     text to tell the era, e.g. a truncated log); ``cuda-error`` (``CUDA error: out of memory``, the
     driver/runtime/NCCL/cuBLAS spellings: no numbers); ``nvml-assert`` (``NVML_SUCCESS == r INTERNAL
     ASSERT FAILED at …CUDACachingAllocator.cpp``, seen on MIG) and ``allocator-assert`` (any other
@@ -33,8 +35,12 @@ prints (see SNAPSHOT_FORMAT.md §4–5 for the formats):
     (``exitcode: -9``, ``Signal 9 (SIGKILL) received by PID N``), ``host-kernel-oom`` (``Memory cgroup out
     of memory: Killed process N (python)`` and its ``oom-kill:`` line), ``host-slurm-oom``,
     ``host-worker-killed`` (a DataLoader worker killed by ``Killed``), ``host-cpu-alloc``
-    (``DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes``), ``host-ray-oom`` (Ray's
-    memory monitor: ``Task was killed due to the node running low on memory``). Every message that
+    (``DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes``), ``host-pinned`` (``CUDA
+    error: out of memory`` raised while pinning host memory: the DataLoader's pin memory thread, a
+    ``pin_memory()`` call — page-locked host RAM the driver could not get), ``host-ray-oom`` (Ray's
+    memory monitor: ``Task was killed due to the node running low on memory``), ``host-evicted`` (the kubelet's
+    eviction of a pod that used more than it requested on a node short of memory: ``The node was low on
+    resource: memory. … Container C was using NKi, request is R``). Every message that
     means a SIGKILL (killed, sigkill, kernel, worker-killed) carries ``exit_code`` 137, the shell's 128 + 9;
     ``OOMKilled`` gets one only from an exit-code line beside it.
 
@@ -272,7 +278,7 @@ _RE_OLD_ALLOC = re.compile(_SIZE + r" already allocated")
 _RE_OLD_FREE = re.compile(_SIZE + r" free[;)]")
 _RE_ALLOWED = re.compile(_SIZE + r" allowed;")
 _RE_OLD_RESERVED = re.compile(_SIZE + r" reserved in total by PyTorch")
-_RE_OLD_CACHED = re.compile(_SIZE + r" cached\)")
+_RE_OLD_CACHED = re.compile(_SIZE + r" cached(?:\)|; " + _NUM + r" ?(?:bytes|KiB|MiB|GiB) inactive\))")
 _RE_NEW_TOTAL = re.compile(r"GPU (\d{1,4}) has a total (capacity|capacty) of " + _SIZE)
 _RE_NEW_FREE = re.compile(r"of which " + _SIZE + r" is free")
 _RE_PROC = re.compile(r"(?:Process (\d{1,10})|this process) has " + _SIZE + r" memory in use")
@@ -298,6 +304,7 @@ _SERVING_WORDS = (
 # a literal (lower case) of every alternative of _TRIGGER: a line with none of them cannot match it
 _TRIGGER_WORDS = (
     "out of memory",
+    "low on resource: memory",
     "internal assert failed",
     "hami-core",
     "4pdvgpu",
@@ -328,7 +335,7 @@ _TRIGGER = re.compile(
     r"|killed|bus error|oomkill|(?<!\d)137(?!\d)|sigkill|exitcode|cublas_status_alloc_failed|failed to extend"
     r"|shared memory segment|emptydir volume|running low on memory"
     r"|oom[-_]kill|defaultcpuallocator|preemptively|cuda_error_out_of_memory|cudaerrormemoryallocation"
-    r"|all available ram|" + "|".join(map(re.escape, _SERVING_WORDS)),
+    r"|all available ram|low on resource: memory|" + "|".join(map(re.escape, _SERVING_WORDS)),
     re.IGNORECASE,
 )
 # Colab's notice when the kernel ran out of the VM's memory and was restarted
@@ -351,6 +358,16 @@ _RE_VLLM_KV = re.compile(
 )
 _RE_TGI_PREFILL = re.compile(r"Not enough memory to handle (\d{1,9}) prefill tokens")
 _RE_TORCH = re.compile(r"(?<![\w])(CUDA|HIP) out of memory")
+# the cudaMallocAsync backend: its first line, then one "key : size" line per figure
+_RE_ASYNC = re.compile(r"Allocation on device (\d{1,4}) would exceed allowed memory\.? ?\(out of memory\)")
+_RE_ASYNC_FIGURE = re.compile(
+    r"^\s{0,30}(Currently allocated|Requested|Device limit|Free \(according to CUDA\)|PyTorch limit"
+    r"(?: \(set by user-supplied memory fraction\))?)?\s{0,30}:\s{0,30}" + _SIZE + r"\s*$"
+)
+_RE_ASYNC_LIMIT_HEAD = re.compile(r"^\s{0,30}PyTorch limit(?: \(set by user-supplied memory fraction\))?\s*$")
+ASYNC_UNLIMITED = (
+    1 << 60
+)  # the backend's limit when no fraction was set: 2^64 - 1 bytes, "17179869184.00 GiB"
 _RE_CUDA_ERR = re.compile(
     r"(?:CUDA|HIP) (?:driver )?error: (?:out of memory|CUBLAS_STATUS_ALLOC_FAILED)"
     r"|cuda runtime error \(2\) ?: out of memory"
@@ -416,6 +433,9 @@ _RE_SLURM_EXCEEDED = re.compile(
     r"(?:(?:Job|Step) ([\w.]{1,64}) exceeded memory limit \((\d{1,20}) > (\d{1,20})\), being killed"
     r"|Exceeded (?:job|step) memory limit)"
 )
+_RE_EVICTED = re.compile(
+    r"The node was low on resource: memory\.(?:.{0,300}?Container ([\w.-]{1,253}) was using (\d{1,20})Ki)?"
+)
 _RE_RAY_OOM = re.compile(r"(?:Task|Actor|Worker) was killed due to (?:the )?node running low on memory")
 _RE_CPU_ALLOC = re.compile(
     r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory): you tried to allocate (\d{1,24}) bytes"
@@ -427,7 +447,7 @@ _RE_RANK_WORD = re.compile(r"(?<![\w])rank[\s:=#_-]{0,3}(\d{1,7})(?![\d])", re.I
 
 # How a torch message ends: the numbers ("core") and then the hint.
 _RE_CORE_END = re.compile(
-    r"(?:reserved in total by PyTorch|cached)\)|is reserved by PyTorch but unallocated\.?"
+    r"(?:reserved in total by PyTorch|cached|inactive)\)|is reserved by PyTorch but unallocated\.?"
     r"|per_process_memory_fraction limit\.?"
 )
 _RE_HINT_END = re.compile(r"Memory Management and PYTORCH_CUDA_ALLOC_CONF|\(https?://[^()\s]{1,300}\)")
@@ -446,6 +466,8 @@ _HOST_PRIORITY = {
     "host-killed": 3,
     "host-worker-killed": 4,
     "host-cpu-alloc": 5,
+    "host-pinned": 5,
+    "host-evicted": 2,
     "host-sigkill": 6,
     "host-exit-137": 7,
 }
@@ -453,7 +475,9 @@ _HOST_STRONG = frozenset(
     {"host-kernel-oom", "host-oomkilled", "host-slurm-oom", "host-killed", "host-notebook-ram"}
 )
 _HOST_WEAK = frozenset({"host-sigkill", "host-exit-137"})
-_TORCH_FORMATS = frozenset({"pre-2.1", "pre-2.1-cached", "2.1", "2.2+", "fraction-rejected", "unknown"})
+_TORCH_FORMATS = frozenset(
+    {"pre-2.1", "pre-2.1-cached", "2.1", "2.2+", "fraction-rejected", "async", "unknown"}
+)
 
 
 @dataclass(slots=True)
@@ -482,6 +506,11 @@ def _detect(content: str) -> list[_Hit]:
     hits: list[_Hit] = []
     if "out of memory" in low:
         hits.extend(_detect_torch(content))
+    if "would exceed allowed memory" in low:
+        m = _RE_ASYNC.search(content)
+        if m:
+            msg = OomMessage(CUDA_OOM, "async", "", device_index=int(m.group(1)))
+            hits.append(_Hit(_error_start(content, m.start()), msg))
     if "cuda" in low or "cublas" in low or "hip error" in low:
         m = _RE_CUDA_ERR.search(content)
         if m and (m.start() == 0 or content[m.start() - 1] not in "\"'"):
@@ -519,6 +548,14 @@ def _detect(content: str) -> list[_Hit]:
         m = _RE_WORKER_BUS.search(content)
         if m:
             hits.append(_Hit(m.start(), OomMessage(SHM_EXHAUSTED, "shm-worker-bus-error", "")))
+    if "low on resource: memory" in low:
+        m = _RE_EVICTED.search(content)
+        if m:
+            msg = OomMessage(HOST_OOM, "host-evicted", "")
+            if m.group(1):
+                msg.extra["container"] = m.group(1)
+                msg.extra["used_bytes"] = str(int(m.group(2)) * 1024)
+            hits.append(_Hit(m.start(), msg))
     if "running low on memory" in low:
         m = _RE_RAY_OOM.search(content)
         if m:
@@ -866,6 +903,39 @@ def _fill_torch(msg: OomMessage, text: str) -> None:
     msg.format = fmt
 
 
+_ASYNC_LINES = 6  # the figures the cudaMallocAsync backend prints, the limit's key on a line of its own
+_ASYNC_FIELDS = {"Currently allocated": "allocated", "Requested": "requested", "Device limit": "total"}
+
+
+def _fill_async(msg: OomMessage, text: str) -> None:
+    """The figures of a cudaMallocAsync message. The backend keeps no cache of its own that torch counts:
+    what it has allocated is what it holds (reserved = allocated); the limit is a fraction cap only when
+    one was set (unset, it prints 2^64 − 1 bytes)."""
+    key: str | None = None
+    for line in text.split("\n")[1:]:
+        if _RE_ASYNC_LIMIT_HEAD.match(line):
+            key = "PyTorch limit"
+            continue
+        m = _RE_ASYNC_FIGURE.match(line)
+        if m is None:
+            continue
+        name = m.group(1) or key or ""
+        size = _size(m, 2)
+        if name.startswith("PyTorch limit"):
+            if size < ASYNC_UNLIMITED:
+                msg.allowed_bytes = size
+        elif name.startswith("Free"):
+            msg.free_bytes = size
+        elif (field_name := _ASYNC_FIELDS.get(name)) == "allocated":
+            msg.allocated_bytes = msg.reserved_bytes = size
+            msg.reserved_unallocated_bytes = 0
+        elif field_name == "requested":
+            msg.requested_bytes = size
+        elif field_name == "total":
+            msg.total_bytes = size
+        key = None
+
+
 def _last(rx: re.Pattern[str], s: str) -> re.Match[str] | None:
     """The last match of ``rx`` in ``s``."""
     tail = deque(rx.finditer(s), maxlen=1)
@@ -1081,9 +1151,29 @@ _RE_DS_MA = re.compile(r"(?<![\w])MA (\d{1,9}(?:\.\d{1,6})?) ?GB\s{1,40}Max_MA (
 _RE_ALLOCATED = re.compile(
     r"(?<![\w.])((?:(?:[A-Za-z_]{1,40}[._]){0,4}alloc(?:ated)?|(?-i:(?:[A-Z][a-z]{1,10}){1,3}Alloc(?:ated)?))"
     r"(?:_bytes(?:\.all\.current)?|_(gib|mib|gb|mb))?(?:\(\))?)"
-    r"['\"]?\s{0,3}[:=]?\s{0,3}(\d{1,20}(?:\.\d{1,6})?)\s{0,2}(GiB|MiB|KiB|GB|MB|KB|G|M|bytes|B)?(?![\w])",
+    r"['\"]?\s{0,3}[:=]?\s{0,3}(\d{1,20}(?:\.\d{1,6})?(?:e\+?\d{1,2})?)\s{0,2}(GiB|MiB|KiB|GB|MB|KB|G|M|bytes|B)?(?![\w])",
     re.IGNORECASE,
 )
+# the same under Chinese, Russian and Japanese keys ("显存 已分配 27.51GB 已保留 58.68GB 峰值 58.43GB",
+# "память: выделено 8.73 ГБ, … пик 19.93 ГБ", "割り当て済み 12.1GiB"): allocated, and a peak beside it
+_INTL_ALLOCATED = ("已分配", "分配显存", "выделено", "割り当て")
+_RE_INTL_SIZE = (
+    r"\s{0,3}[:=：]?\s{0,3}(\d{1,20}(?:\.\d{1,6})?)\s{0,2}(GiB|MiB|GB|MB|G|M|ГиБ|МиБ|ГБ|МБ|Г|М)(?![\w])"
+)
+_RE_INTL_ALLOCATED = re.compile(
+    r"(?:已分配(?:显存)?|分配显存|выделено|割り当て済み|割り当て)" + _RE_INTL_SIZE
+)
+_RE_INTL_PEAK = re.compile(r"(?:峰值|最大已分配|пик|максимум|ピーク)" + _RE_INTL_SIZE)
+_INTL_UNITS = {
+    "ГиБ": "GiB",
+    "МиБ": "MiB",
+    "ГБ": "GB",
+    "МБ": "MB",
+    "Г": "GIB",
+    "М": "MIB",
+    "G": "GIB",
+    "M": "MIB",
+}
 # "mem(alloc/reserved) 10.75/16.65 GB", "alloc/res: 10.2/16.1 GiB": the pair, allocated first
 _RE_ALLOC_PAIR = re.compile(
     r"(?<![\w])alloc(?:ated)?\s{0,2}/\s{0,2}(?:res(?:erved)?|cached)\)?['\"]?\s{0,3}[:=]?\s{0,3}"
@@ -1097,7 +1187,8 @@ _RE_PEAK_BEFORE = re.compile(r"(?<![\w])(?:max|peak)[ _-]{1,2}$", re.IGNORECASE)
 _RE_STEP_NO = re.compile(
     r"(?<![\w])(?:global_step|step|iter(?:ation)?|it)(?![\w])[\s:=#\[]{0,8}(\d{1,9})"  # "it    50" padded
     r"|(?<![\w/])(\d{1,9})/\d{1,9} \[\d"  # a progress bar's "450/10000 [02:10<…"
-    r"|\(after (\d{1,9}) iterations\)",  # Megatron's memory report
+    r"|\(after (\d{1,9}) iterations\)"  # Megatron's memory report
+    r"|(?:步数?|шаг|ステップ)[\s:=#]{0,8}(\d{1,9})|第\s{0,2}(\d{1,9})\s{0,2}步",  # "步数 100", "шаг 100/1000", "第 20 步"
     re.IGNORECASE,
 )
 _SHORT_UNITS = {"G": "GIB", "M": "MIB"}
@@ -1124,11 +1215,11 @@ def memory_samples(text: str, rank: int | None = None, until: int | None = None)
             break
     for i in range(start, end):
         whole = lines[i]
-        if "lloc" not in whole and "MA " not in whole:
+        if "lloc" not in whole and "MA " not in whole and not any(k in whole for k in _INTL_ALLOCATED):
             continue
         # a progress bar redraws itself after carriage returns: each redraw is a sample of its own
         for raw in whole.split("\r") if "\r" in whole else (whole,):
-            if "lloc" in raw or "MA " in raw:
+            if "lloc" in raw or "MA " in raw or any(k in raw for k in _INTL_ALLOCATED):
                 _sample_line(out, lines, i, raw, rank)
     return out
 
@@ -1148,7 +1239,7 @@ def _sample_line(out: list[dict[str, int]], lines: list[str], i: int, raw: str, 
     for j in range(i, max(-1, i - 4), -1):
         m = _RE_STEP_NO.search(content if j == i else _strip_line(lines[j]).content)
         if m:
-            step = int(m.group(1) or m.group(2) or m.group(3))
+            step = int(next(g for g in m.groups() if g))
             break
     if step is not None and j == i and out and step == out[-1]["step"]:
         # the same step printed again, by another rank (ranks without a prefix) or another logger:
@@ -1203,6 +1294,11 @@ def _sample_on(content: str) -> dict[str, int] | None:
             peak = peak if peak is not None else size
         elif current is None:
             current = size
+    if current is None and (m := _RE_INTL_ALLOCATED.search(content)) is not None:
+        current = parse_size(m.group(1), _INTL_UNITS.get(m.group(2), m.group(2)))
+        p = _RE_INTL_PEAK.search(content)
+        if p is not None and peak is None:
+            peak = parse_size(p.group(1), _INTL_UNITS.get(p.group(2), p.group(2)))
     if current is None:
         m = _RE_ALLOC_PAIR.search(content)
         if m is None:
@@ -1263,14 +1359,26 @@ _RE_SETUP_FRAME = re.compile(
     r'|text_generation_server/[^"]{1,200}", line \d+, in [Ww]armup'
     r")\b"
 )
+# an inference server's own words, after the error, that it died while starting (loading and sizing itself)
+_RE_START_FAILED = re.compile(
+    r"Shard \d{1,4} failed to start|ShardCannotStart|Engine core initialization failed"
+)
+_START_LOOKAHEAD = 40  # lines after an OOM searched for the server's word that it failed to start
 _RE_TRACEBACK_HEAD = re.compile(r"Traceback \(most recent call last\)")
+# progress that is not training: loading or fetching the model ("Loading checkpoint shards: 2/6 [00:42…",
+# "[mem] after shard 2/6: …")
+_RE_LOADING = re.compile(
+    r"(?<![\w])(?:load(?:ing|ed)?|download(?:ing|ed)?|fetch(?:ing|ed)?|shards?)(?![\w])", re.I
+)
 _SETUP_LOOKBACK = 400  # lines above an OOM searched for its traceback
+_PIN_LOOKBACK = 6  # lines above a CUDA error searched for the pinning frame it was raised in
 _SEMAPHORE_LOOKBACK = 12  # lines above an ENOSPC searched for the semaphore its traceback was creating
 
 
 def setup_frame(text: str, line_no: int | None, rank: int | None = None) -> str | None:
     """The model-setup frame (``distributed.py in __init__`` …) in the traceback that ends at line
-    ``line_no`` (1-based) of ``rank`` (or of unprefixed lines), when no training progress was printed
+    ``line_no`` (1-based) of ``rank`` (or of unprefixed lines), or an inference server's word just after it
+    that it failed to start (TGI's ``Shard 0 failed to start``), when no training progress was printed
     before it; else None."""
     if line_no is None:
         return None
@@ -1289,10 +1397,20 @@ def setup_frame(text: str, line_no: int | None, rank: int | None = None) -> str 
                 break
         i -= 1
     if found is None:
+        for raw in lines[line_no : line_no + _START_LOOKAHEAD]:
+            m = _RE_START_FAILED.search(raw)
+            if m:
+                found = m.group(0)
+                break
+    if found is None:
         return None
     for raw in lines[: max(0, i)]:
         ln = _strip_line(raw)
-        if (rank is None or ln.g is None or ln.g == rank) and _RE_PROGRESS.search(ln.content):
+        if (
+            (rank is None or ln.g is None or ln.g == rank)
+            and _RE_PROGRESS.search(ln.content)
+            and not _RE_LOADING.search(ln.content)
+        ):
             return None
     return found
 
@@ -1312,8 +1430,12 @@ def first_step_bar(text: str, line_no: int | None, rank: int | None = None) -> s
     stop = max(-1, line_no - 2 - _SETUP_LOOKBACK)
     while i > stop and not _RE_TRACEBACK_HEAD.search(lines[i]):
         i -= 1
+    before = lines[: max(0, i)]
+    if i >= 0 and (head := _RE_TRACEBACK_HEAD.search(lines[i])) and head.start() > 0:
+        # the bar the traceback was printed on ("0/9375 [00:00<?, ?it/s]Traceback …")
+        before.append(lines[i][: head.start()])
     bar: str | None = None
-    for raw in lines[: max(0, i)]:
+    for raw in before:
         if rank is not None and (g := _strip_line(raw).g) is not None and g != rank:
             continue
         for part in raw.split("\r") if "\r" in raw else (raw,):
@@ -1403,6 +1525,8 @@ class _Parser:
                 )
                 hits = [_Hit(_error_start(ln.content, at), msg)]
             for k, hit in enumerate(hits):
+                if hit.msg.format == "cuda-error" and self._pinning_before(i):
+                    hit.msg = OomMessage(HOST_OOM, "host-pinned", "", extra=hit.msg.extra)
                 msg = hit.msg
                 msg.line_no = i + 1
                 content = ln.content
@@ -1417,7 +1541,10 @@ class _Parser:
                     _fill_torch(msg, text)
                 else:
                     text = content[hit.start : end].strip()[:MAX_TEXT]
-                    if "\\n" in text and '\\"' in content:
+                    if msg.format == "async":
+                        text = self._continue_async(i, ln, text, consumed)
+                        _fill_async(msg, text)
+                    elif "\\n" in text and '\\"' in content:
                         # a JSON log record: the message ends where its escaped newline does
                         text = text.split("\\n", 1)[0]
                 msg.text = text
@@ -1459,6 +1586,17 @@ class _Parser:
             out.append(f.msg)
         return out
 
+    def _pinning_before(self, i: int) -> bool:
+        """Whether the traceback that ends at line ``i`` was pinning host memory: its innermost frames (or
+        the DataLoader's note that the error came from its pin memory thread) say ``pin_memory``."""
+        for j in range(i - 1, max(-1, i - _PIN_LOOKBACK), -1):
+            c = self.line(j).content
+            if "pin_memory" in c or "pin memory thread" in c:
+                return True
+            if _RE_TRACEBACK_HEAD.search(c) and "Original Traceback" not in c:
+                return False
+        return False
+
     def _ignored(self, i: int) -> bool:
         """Line ``i`` ends a traceback that Python printed under "Exception ignored in: …" (an exception
         raised in ``__del__`` or at interpreter exit, which ended nothing: a DataLoader's workers dying
@@ -1498,6 +1636,21 @@ class _Parser:
             added += 1
             if _core_complete(text) and not _needs_hint(text) and "If reserved" in text:
                 break
+        return text
+
+    def _continue_async(self, i: int, first: _Line, text: str, consumed: set[int]) -> str:
+        """Append the ``key : size`` lines the cudaMallocAsync backend prints under its first line."""
+        j = i
+        for _ in range(_ASYNC_LINES):
+            nxt = self._next_same(j, first)
+            if nxt is None:
+                break
+            piece = nxt[1]
+            if not (_RE_ASYNC_FIGURE.match(piece) or _RE_ASYNC_LIMIT_HEAD.match(piece)):
+                break
+            j = nxt[0]
+            text += "\n" + piece.strip()
+            consumed.add(j)
         return text
 
     def _next_same(self, i: int, first: _Line) -> tuple[int, str] | None:
