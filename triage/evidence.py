@@ -1522,19 +1522,29 @@ def _log_samples(ev: Evidence, text: str, from_log: set[int]) -> None:
 
     m = ev.message if ev.message is not None and id(ev.message) in from_log else None
     samples = memory_samples(text, m.rank if m else None, m.line_no if m else None)
+    other_ranks = False
     if samples:
         ev.log_floor_bytes = min(s["allocated_bytes"] for s in samples)
+    elif m is not None and m.rank is not None:
+        # the failing rank printed nothing; the ranks that did (most loops log on rank 0 only) run the same
+        # code: whether live memory grew step after step holds for every rank. What each rank holds can
+        # differ (a pipeline's stages), so their floors and peaks are not taken for the failing rank's.
+        samples = memory_samples(text, None, m.line_no)
+        other_ranks = True
     if len(samples) < MIN_LOG_SAMPLES or ev.setup_call is not None:
         # (printed while the model was still being set up: each sample is a loaded shard, not a step)
         return
     ev.steps = _step_samples(samples)
-    ev.peaks_sampled = any(s["peak_allocated_bytes"] > s["allocated_bytes"] for s in samples)
+    ev.peaks_sampled = not other_ranks and any(
+        s["peak_allocated_bytes"] > s["allocated_bytes"] for s in samples
+    )
     ev.trend = _phase_trend(ev.steps)
     if ev.trend is not None:
         ev.notes.append(
             f"Live memory per step is read from the log's own prints ({len(samples)} samples, steps "
             f"{ev.steps[0].step}–{ev.steps[-1].step}: {human(ev.steps[0].allocated_bytes)} → "
-            f"{human(ev.steps[-1].allocated_bytes)})."
+            f"{human(ev.steps[-1].allocated_bytes)})"
+            + (f", printed by other ranks than the failing rank {m.rank}." if other_ranks and m else ".")
         )
 
 

@@ -97,3 +97,26 @@ def test_the_same_prints_in_a_training_loop_are_steps() -> None:
     text = LOADING.replace("from_pretrained", "train_step").replace("AutoModelForCausalLM.", "")
     _, ev = diagnose_text(text)
     assert ev.setup_call is None and len(ev.steps) == 4
+
+
+RANK3_OOM = "[rank3]: " + TRACEBACK.replace("\n", "\n[rank3]: ").rstrip("[rank3]: ") + "[rank3]: " + OOM_22
+
+
+@pytest.mark.parametrize("climbs", [True, False])
+def test_a_failing_rank_that_printed_nothing_takes_the_trend_of_those_that_did(climbs: bool) -> None:
+    """Rank 0 alone logs its memory, rank 3 fails: whether live memory grew holds for every rank running
+    the same code; rank 0's peaks are not taken for rank 3's."""
+    prints = "".join(
+        f"[rank0] step {50 * (k + 1)} loss 2.01 mem alloc {30.0 + (1.2 * k if climbs else 0.0):.2f}G max_allocated 70.1G\n"
+        for k in range(16)
+    )
+    d, ev = diagnose_text(prints + RANK3_OOM)
+    assert ev.message is not None and ev.message.rank == 3
+    assert len(ev.steps) == 16 and ev.step_peaks == []
+    assert ev.log_floor_bytes is None
+    assert any("other ranks than the failing rank 3" in n for n in ev.notes)
+    assert (d.verdict == "tensor_leak") is climbs
+    # the failing rank's own prints, where it made them, are the ones read
+    own = prints.replace("[rank0]", "[rank3]")
+    _, ev = diagnose_text(own + RANK3_OOM)
+    assert ev.log_floor_bytes is not None and ev.step_peaks
