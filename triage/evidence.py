@@ -920,12 +920,19 @@ def build_evidence(
             ev.log_device_name = sorted(names)[0]
         from triage.messages import parse_messages
 
-        seen: set[str] = set()
+        seen: dict[str, int] = {}  # a message's text -> its place in ev.messages
         for t in texts:
             for m in parse_messages(t):
-                if m.text not in seen:
-                    seen.add(m.text)
+                at = seen.get(m.text)
+                if at is None:
+                    seen[m.text] = len(ev.messages)
                     ev.messages.append(m)
+                    if t is text:
+                        from_log.add(id(m))
+                elif m.format == "host-pinned" and ev.messages[at].format == "cuda-error":
+                    # the exception's text alone, and its traceback showing it came from pinning host memory:
+                    # one error, read as the traceback shows it
+                    ev.messages[at] = m
                     if t is text:
                         from_log.add(id(m))
     _pick_message(ev)
@@ -1070,6 +1077,15 @@ def _kind(ev: Evidence) -> None:
         ev.kind = "none"
     if ev.kind in ("crash", "unknown") and ev.message is not None:
         ev.kind = ev.message.kind
+    if (
+        ev.kind == "cuda_oom"
+        and ev.message is not None
+        and ev.message.format == "host-pinned"
+        and not any(t.oom is not None for t in ev.timelines)
+    ):
+        # CUDA's "out of memory" came from pinning host memory (the error's own traceback says so) and the
+        # device's allocator recorded no OOM: the host ran short, not the GPU
+        ev.kind = "host_oom"
 
 
 def _device(ev: Evidence) -> None:
@@ -1435,13 +1451,24 @@ def _processes(ev: Evidence) -> None:
             for p in ev.processes
             if ev.reserved_bytes * 0.98 <= p.used_bytes <= ev.reserved_bytes + CUDA_CONTEXT_MAX
         ]
+        # NVML lists every process on the device, the failing one among them: when only one line holds at
+        # least the job's reservation, that line is the job, whatever its own non-PyTorch memory (NCCL's
+        # buffers and library workspaces on a large GPU can pass a plain context's size)
+        could = [p for p in ev.processes if p.used_bytes >= ev.reserved_bytes * 0.98]
         if fits:
             me = min(fits, key=lambda p: p.used_bytes - ev.reserved_bytes if ev.reserved_bytes else 0)
+            why = "match the job's reservation plus its CUDA context"
+        elif len(could) == 1 and (ev.total_bytes is None or could[0].used_bytes <= ev.total_bytes):
+            me = could[0]
+            why = "are the only line that holds at least the job's reservation"
+        else:
+            me = None
+        if me is not None:
             me.own = True
             ev.own_process_identified = True
             ev.notes.append(
-                f"Process {me.pid} was taken to be the job itself: its {human(me.used_bytes)} match the job's "
-                f"{human(ev.reserved_bytes)} reservation plus its CUDA context."
+                f"Process {me.pid} was taken to be the job itself: its {human(me.used_bytes)} {why} "
+                f"({human(ev.reserved_bytes)})."
             )
     _sibling_contexts(ev)
     if ev.total_bytes is not None and ev.device_free_bytes is not None and ev.reserved_bytes is not None:

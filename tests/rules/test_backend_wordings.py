@@ -143,3 +143,35 @@ def test_memory_held_outside_the_allocator_without_process_lines(
     else:
         assert d.verdict == "inconclusive"
         assert "other_process" in d.candidates
+
+
+def own_line_message(lines: str) -> str:
+    return (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.46 GiB. GPU 0 has a total capacity of "
+        f"139.81 GiB of which 3.02 GiB is free. {lines}Of the allocated memory 119.21 GiB is allocated by "
+        "PyTorch, and 14.04 GiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is "
+        "large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation."
+    )
+
+
+def test_the_only_line_that_can_hold_the_reservation_is_the_job() -> None:
+    """In a container torch prints the failing process as "Process PID". NVML lists every process on the
+    device, the job's among them: with one line holding at least the job's 133.25 GiB reservation, that
+    line is the job, even 3.4 GiB above it (NCCL buffers, workspaces on a large GPU)."""
+    _, ev = diagnose_text(own_line_message("Process 3373672 has 136.69 GiB memory in use. "))
+    assert [p.own for p in ev.processes] == [True]
+    assert ev.other_process_bytes == 0
+    _, ev = diagnose_text(
+        own_line_message(
+            "Process 3373672 has 136.69 GiB memory in use. Process 88 has 0.08 GiB memory in use. "
+        )
+    )
+    assert [p.own for p in ev.processes] == [True, False]
+
+
+def test_two_lines_either_of_which_could_be_the_job_stay_unassigned() -> None:
+    text = own_line_message(
+        "Process 11 has 136.69 GiB memory in use. Process 12 has 137.00 GiB memory in use. "
+    )
+    _, ev = diagnose_text(text.replace("139.81 GiB", "279.62 GiB"))
+    assert not any(p.own for p in ev.processes)

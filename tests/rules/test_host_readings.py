@@ -185,3 +185,16 @@ def test_the_progress_bar_the_traceback_was_printed_on() -> None:
     assert ev.first_step_bar == "0/9375" and ev.step == 0
     _, ev = diagnose_text(text.replace("0/9375 [00:00<?", "12/9375 [00:31<6:40"))
     assert ev.first_step_bar is None and ev.step is None
+
+
+def test_a_collector_bundle_of_a_refused_pinned_buffer() -> None:
+    """The collector filed the exception as a CUDA OOM; its traceback says the pin memory thread raised it
+    and the allocator recorded no OOM: the host ran short. Near its limit, the pod's memory decides."""
+    error = {"type": "RuntimeError", "message": "CUDA error: out of memory", "traceback": PIN_THREAD}
+    cgroup = {"version": 2, "memory_limit_bytes": 48 * GiB, "memory_usage_bytes": 48 * GiB - (20 << 20)}
+    d, ev = diagnose_bundle(bundle("cuda_oom", error, cgroup))
+    assert ev.kind == "host_oom"
+    assert d.verdict == "host_memory_limit"
+    error["traceback"] = MODEL_TO_DEVICE
+    _, ev = diagnose_bundle(bundle("cuda_oom", error, cgroup))
+    assert ev.kind == "cuda_oom"
