@@ -1130,3 +1130,19 @@ def test_five_megabyte_log() -> None:
         (3, "pre-2.1-cached"),
     ]
     assert found[-1].line_no == 60_000 + MULTI_RANK.count("\n") + 2
+
+
+def test_a_hard_wrap_that_cut_the_word_cuda() -> None:
+    """A terminal wrapped at 80 columns without regard to words: "CUD" ends one line, "A out of memory.
+    Tried to allocate …" begins the next. The allocator's own words still make it a CUDA OOM."""
+    text = (
+        "| WARNING | fairseq.trainer | OOM: Ran out of memory with exception: CUD\n"
+        "A out of memory. Tried to allocate 3.02 GiB (GPU 1; 23.70 GiB total capacity; \n"
+        "16.92 GiB already allocated; 1019.69 MiB free; 21.03 GiB reserved in total by \n"
+        "PyTorch)                                                                      \n"
+    )
+    [m] = parse_messages(text)
+    assert (m.kind, m.format, m.device_index) == ("cuda_oom", "pre-2.1", 1)
+    assert m.reserved_bytes == b(21.03, GiB) and m.requested_bytes == b(3.02, GiB)
+    # a sentence that merely says "out of memory" is not one
+    assert parse_messages("A out of memory condition was logged by the agent.\n") == []

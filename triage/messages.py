@@ -358,6 +358,8 @@ _RE_VLLM_KV = re.compile(
 )
 _RE_TGI_PREFILL = re.compile(r"Not enough memory to handle (\d{1,9}) prefill tokens")
 _RE_TORCH = re.compile(r"(?<![\w])(CUDA|HIP) out of memory")
+# the allocator's message whose "CUDA" a hard wrap cut ("…exception: CUD" / "A out of memory. Tried to …")
+_RE_TORCH_CUT = re.compile(r"(?<![\w])(?:UDA|DA|A) out of memory\. Tried to allocate")
 # the cudaMallocAsync backend: its first line, then one "key : size" line per figure
 _RE_ASYNC = re.compile(r"Allocation on device (\d{1,4}) would exceed allowed memory\.? ?\(out of memory\)")
 _RE_ASYNC_FIGURE = re.compile(
@@ -626,6 +628,9 @@ def _detect_torch(content: str) -> list[_Hit]:
             ok = m.start() == lead or _exc_before(content, m.start()) is not None
         if ok:
             found.append((m.start(), m.group(1)))
+    if not found and (m := _RE_TORCH_CUT.search(content)) is not None:
+        # "CUD" ended the line above: a terminal's hard wrap cut the word; the allocator's own words follow
+        found.append((m.start(), "CUDA"))
     hits: list[_Hit] = []
     for k, (start, backend) in enumerate(found):
         end = found[k + 1][0] if k + 1 < len(found) else -1
