@@ -392,7 +392,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         if trend.plateaued and trend.steps >= 6:
             trend_flat = True
             f.facts.append(
-                f"Live memory after each step rose by {human(trend.early_growth_bytes)} and then levelled off "
+                f"{ev.step_series} rose by {human(trend.early_growth_bytes)} and then levelled off "
                 f"(+{human(max(0, trend.late_growth_bytes))} over the last third of {trend.steps} steps): "
                 "a bounded cache or warm-up, not a leak."
             )
@@ -401,7 +401,7 @@ def evaluate(ev: Evidence) -> Finding | None:
             # evaluation, when a feature turned on)
             trend_growing = True
             f.facts.append(
-                f"Live memory after each step rose at every one of the last {trend.tail_rises} steps, to "
+                f"{ev.step_series} rose at every one of the last {trend.tail_rises} steps, to "
                 f"{human(trend.end_bytes)}, and never fell: something kept every step since then is never released."
             )
             f.values["growth_bytes"] = trend.growth_bytes
@@ -416,13 +416,13 @@ def evaluate(ev: Evidence) -> Finding | None:
             trend_growing = True
             if trend.rising_fraction >= 0.25:
                 f.facts.append(
-                    f"Live memory after each step grew in {trend.rising_fraction:.0%} of {trend.steps} steps, "
+                    f"{ev.step_series} grew in {trend.rising_fraction:.0%} of {trend.steps} steps, "
                     f"from {human(trend.start_bytes)} to {human(trend.end_bytes)} "
                     f"(about {human(trend.slope_bytes_per_step)} per step)."
                 )
             else:
                 f.facts.append(
-                    f"Live memory after each step rose {trend.rises} times over {trend.steps} steps and never "
+                    f"{ev.step_series} rose {trend.rises} times over {trend.steps} steps and never "
                     f"fell, from {human(trend.start_bytes)} to {human(trend.end_bytes)}: something kept at "
                     "every few steps (an evaluation, a logging step) is never released."
                 )
@@ -431,7 +431,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         elif trend.steps >= 4:
             trend_flat = True
             f.facts.append(
-                f"Live memory after each step stayed flat over {trend.steps} steps "
+                f"{ev.step_series} stayed flat over {trend.steps} steps "
                 f"({human(trend.start_bytes)} → {human(trend.end_bytes)})."
             )
 
@@ -650,7 +650,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         # healthy loop, so even a few KiB a step is something kept; the longer the run, the surer
         f.score = LIKELY if trend.steps >= 20 and trend.rising_fraction >= 0.95 else LIKELY - 0.05
         f.facts.append(
-            f"Live memory after each step rose in {trend.rising_fraction:.0%} of {trend.steps} steps, by "
+            f"{ev.step_series} rose in {trend.rising_fraction:.0%} of {trend.steps} steps, by "
             f"{human(trend.growth_bytes)} in all: small, but something is kept every step."
         )
         if not ev.has_frames:

@@ -93,6 +93,8 @@ def _completed_steps(ev: Evidence) -> list[tuple[int, int, int]]:
     """(start level, peak, batch) of each completed step the collector sampled: a step starts at the
     live memory the previous one ended with."""
     out: list[tuple[int, int, int]] = []
+    if ev.log_peaks_only:
+        return out  # peaks printed alone: where each step started is not known
     for prev, cur in itertools.pairwise(ev.steps):
         batch = cur.batch_size or ev.batch_size
         if batch and batch > 0:
@@ -156,7 +158,7 @@ def estimate_max_batch(ev: Evidence) -> tuple[int | None, dict[str, Any]]:
             info["source"] = "failing step (upper bound)"
     elif needed is not None:
         # the failing step starts where the last sampled step ended; without a sample, from the trace
-        fixed = ev.steps[-1].allocated_bytes if ev.steps else _fixed_from_trace(ev)
+        fixed = ev.steps[-1].allocated_bytes if ev.steps and not ev.log_peaks_only else _fixed_from_trace(ev)
         per_sample = (needed - fixed) / batch
         info["source"] = "failing step (upper bound)"
     aligned = aligned_step(ev)
@@ -377,11 +379,11 @@ def evaluate(ev: Evidence) -> Finding | None:
     elif flat and trend is not None:
         if trend.plateaued:
             f.facts.append(
-                f"Live memory after each step grew for a while, then stopped, over {trend.steps} steps: "
+                f"{ev.step_series} grew for a while, then stopped, over {trend.steps} steps: "
                 "a bounded buffer filling up, not a leak."
             )
         else:
-            f.facts.append(f"Live memory after each step did not grow over {trend.steps} steps.")
+            f.facts.append(f"{ev.step_series} did not grow over {trend.steps} steps.")
         f.score = LIKELY
     elif (
         (ev.has_trace or trend is not None)

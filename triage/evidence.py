@@ -524,6 +524,7 @@ class Evidence:
     steps: list[StepSample] = field(default_factory=list)  # completed steps the collector or log sampled
     peaks_sampled: bool = True  # the step samples carry each step's peak (a log may print only the floor)
     log_floor_bytes: int | None = None  # the least live memory the log printed before the failure
+    log_peaks_only: bool = False  # the log's step samples are peaks printed alone (max_memory_allocated)
     trend: StepTrend | None = None
     trend_source: str = "samples"  # samples (the collector's per-step memory) | trace (cycles in the trace)
     survivors: list[Survivors] = field(default_factory=list)
@@ -607,6 +608,14 @@ class Evidence:
         else:
             peaks = [top for _, top in self._oom_trace_cycles[1:-1]]
         return peaks if len(peaks) >= TRACE_MIN_CYCLES else []
+
+    @property
+    def step_series(self) -> str:
+        """What the step samples are, as a sentence begins: live memory after each step, or the peak a log
+        printed alone at each step."""
+        return (
+            "The peak the log printed at each step" if self.log_peaks_only else "Live memory after each step"
+        )
 
     @property
     def step_peaks(self) -> list[int]:
@@ -1540,6 +1549,7 @@ def _workload(ev: Evidence, batch_size: int | None) -> None:
 
 
 MIN_LOG_SAMPLES = 4  # memory prints in a log before they are read as the job's steps
+MIN_PEAK_SAMPLES = 8  # prints of the peak alone before they are read as the job's steps
 
 
 def _log_samples(ev: Evidence, text: str, from_log: set[int]) -> None:
@@ -1550,17 +1560,25 @@ def _log_samples(ev: Evidence, text: str, from_log: set[int]) -> None:
     m = ev.message if ev.message is not None and id(ev.message) in from_log else None
     samples = memory_samples(text, m.rank if m else None, m.line_no if m else None)
     other_ranks = False
+    # a line that printed the peak alone (torch.cuda.max_memory_allocated()) says how high the steps went,
+    # not what they left behind: no floor. A peak that is never reset rises whenever a larger input comes;
+    # only a long run of prints that rise nearly every time reads as growth
+    floors = [s["allocated_bytes"] for s in samples if not s.get("peak_only")]
+    peaks_only = bool(samples) and not floors
+    if floors:
+        ev.log_floor_bytes = min(floors)
     if samples:
-        ev.log_floor_bytes = min(s["allocated_bytes"] for s in samples)
+        pass
     elif m is not None and m.rank is not None:
         # the failing rank printed nothing; the ranks that did (most loops log on rank 0 only) run the same
         # code: whether live memory grew step after step holds for every rank. What each rank holds can
         # differ (a pipeline's stages), so their floors and peaks are not taken for the failing rank's.
         samples = memory_samples(text, None, m.line_no)
         other_ranks = True
-    if len(samples) < MIN_LOG_SAMPLES or ev.setup_call is not None:
+    if len(samples) < (MIN_PEAK_SAMPLES if peaks_only else MIN_LOG_SAMPLES) or ev.setup_call is not None:
         # (printed while the model was still being set up: each sample is a loaded shard, not a step)
         return
+    ev.log_peaks_only = peaks_only
     ev.steps = _step_samples(samples)
     ev.peaks_sampled = not other_ranks and any(
         s["peak_allocated_bytes"] > s["allocated_bytes"] for s in samples

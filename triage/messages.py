@@ -628,9 +628,9 @@ def _detect_torch(content: str) -> list[_Hit]:
             ok = m.start() == lead or _exc_before(content, m.start()) is not None
         if ok:
             found.append((m.start(), m.group(1)))
-    if not found and (m := _RE_TORCH_CUT.search(content)) is not None:
+    if not found and (cut := _RE_TORCH_CUT.search(content)) is not None:
         # "CUD" ended the line above: a terminal's hard wrap cut the word; the allocator's own words follow
-        found.append((m.start(), "CUDA"))
+        found.append((cut.start(), "CUDA"))
     hits: list[_Hit] = []
     for k, (start, backend) in enumerate(found):
         end = found[k + 1][0] if k + 1 < len(found) else -1
@@ -1169,6 +1169,15 @@ _RE_INTL_ALLOCATED = re.compile(
     r"(?:已分配(?:显存)?|分配显存|выделено|割り当て済み|割り当て)" + _RE_INTL_SIZE
 )
 _RE_INTL_PEAK = re.compile(r"(?:峰值|最大已分配|пик|максимум|ピーク)" + _RE_INTL_SIZE)
+# a peak printed alone: torchvision's MetricLogger ("max mem: 9518", MiB of torch.cuda.max_memory_allocated()),
+# detectron2 ("max_mem: 4539M"), "Peak GPU memory: 30.10 GB", "peak_mem=12.1GiB"
+_PEAK_ONLY_WORDS = ("max mem", "max_mem", "max_memory", "peak", "Peak", "PEAK")
+_RE_PEAK_ONLY = re.compile(
+    r"(?<![\w])(?:max[ _]mem(?:ory)?|peak[ _](?:gpu[ _])?mem(?:ory)?|mem(?:ory)?[ _]peak)"
+    r"(?:[ _](usage|used|reserved|cached))?"
+    r"['\"]?\s{0,3}[:=]\s{0,3}(\d{1,20}(?:\.\d{1,6})?)\s{0,2}(GiB|MiB|GB|MB|G|M)?(?![\w])",
+    re.IGNORECASE,
+)
 _INTL_UNITS = {
     "ГиБ": "GiB",
     "МиБ": "MiB",
@@ -1207,7 +1216,8 @@ _HEADER_UNITS = {"MB": "MIB", "GB": "GIB", "MiB": "MIB", "GiB": "GIB"}
 
 def memory_samples(text: str, rank: int | None = None, until: int | None = None) -> list[dict[str, int]]:
     """The live GPU memory a log printed at each step, oldest first: ``{"step", "allocated_bytes",
-    "peak_allocated_bytes"}`` (the peak only when printed beside it). Lines up to line ``until`` (1-based),
+    "peak_allocated_bytes"}`` (the peak only when printed beside it; a line that printed the peak alone
+    gives it for both, with ``"peak_only": 1``). Lines up to line ``until`` (1-based),
     of ``rank`` or without a rank prefix; a step number from the line or the three lines before it."""
     out: list[dict[str, int]] = []
     lines = text.split("\n")
@@ -1220,13 +1230,23 @@ def memory_samples(text: str, rank: int | None = None, until: int | None = None)
             break
     for i in range(start, end):
         whole = lines[i]
-        if "lloc" not in whole and "MA " not in whole and not any(k in whole for k in _INTL_ALLOCATED):
+        if not _may_sample(whole):
             continue
         # a progress bar redraws itself after carriage returns: each redraw is a sample of its own
         for raw in whole.split("\r") if "\r" in whole else (whole,):
-            if "lloc" in raw or "MA " in raw or any(k in raw for k in _INTL_ALLOCATED):
+            if _may_sample(raw):
                 _sample_line(out, lines, i, raw, rank)
     return out
+
+
+def _may_sample(line: str) -> bool:
+    """Whether a line holds a word one of the sample patterns needs (cheap, before the patterns run)."""
+    return (
+        "lloc" in line
+        or "MA " in line
+        or any(k in line for k in _INTL_ALLOCATED)
+        or any(k in line for k in _PEAK_ONLY_WORDS)
+    )
 
 
 def _sample_line(out: list[dict[str, int]], lines: list[str], i: int, raw: str, rank: int | None) -> None:
@@ -1304,6 +1324,16 @@ def _sample_on(content: str) -> dict[str, int] | None:
         p = _RE_INTL_PEAK.search(content)
         if p is not None and peak is None:
             peak = parse_size(p.group(1), _INTL_UNITS.get(p.group(2), p.group(2)))
+    if current is None and peak is None and (m := _RE_PEAK_ONLY.search(content)) is not None:
+        if m.group(1):
+            return None  # the peak of the reservation (or of the device's usage): not live memory
+        unit = m.group(3)
+        value = float(m.group(2))
+        if unit is None and value >= MIN_SIZED_BYTES:
+            size = int(value)
+        else:  # unitless and small: MiB, as torchvision's MetricLogger prints it
+            size = parse_size(m.group(2), _SHORT_UNITS.get((unit or "M").upper(), unit or "MiB"))
+        return {"allocated_bytes": size, "peak_allocated_bytes": size, "peak_only": 1}
     if current is None:
         m = _RE_ALLOC_PAIR.search(content)
         if m is None:

@@ -120,3 +120,34 @@ def test_a_failing_rank_that_printed_nothing_takes_the_trend_of_those_that_did(c
     own = prints.replace("[rank0]", "[rank3]")
     _, ev = diagnose_text(own + RANK3_OOM)
     assert ev.log_floor_bytes is not None and ev.step_peaks
+
+
+def metric_logger(k: int, peak_mib: float) -> str:
+    return (
+        f"Epoch: [3]  [{10 * k:4d}/5000]  eta: 0:14:17  lr: 0.000100  loss: 0.8812 (0.9024)  time: 0.1719  "
+        f"data: 0.0302  max mem: {peak_mib:.0f}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("prints", "climbs", "leak"), [(24, True, True), (24, False, False), (5, True, False)]
+)
+def test_peaks_printed_alone(prints: int, climbs: bool, leak: bool) -> None:
+    """torchvision's MetricLogger prints torch.cuda.max_memory_allocated() alone ("max mem: 9518", MiB),
+    never reset. A long run that rises at nearly every print is growth; a few rising prints are what rarer,
+    larger inputs also make (not read as steps); and a peak is never taken for a floor."""
+    text = "".join(metric_logger(k, 30000 + (420 * k if climbs else 0)) for k in range(prints))
+    samples = memory_samples(text)
+    assert len(samples) == prints and all(s.get("peak_only") for s in samples)
+    assert samples[0]["allocated_bytes"] == 30000 * 2**20
+    d, ev = diagnose_text(text + TRACEBACK + OOM_22)
+    assert ev.log_floor_bytes is None
+    assert ev.log_peaks_only is (prints >= 8)
+    assert (d.verdict == "tensor_leak") is leak
+    if leak:
+        assert any(e.fact.startswith("The peak the log printed at each step") for e in d.evidence)
+
+
+def test_the_peak_of_the_reservation_is_not_live_memory() -> None:
+    text = "".join(f"iter {k} max_mem_reserved: {30 + k} GiB\n" for k in range(12))
+    assert memory_samples(text) == []
