@@ -54,6 +54,7 @@ from triage.evidence import (
     regrown_across_calls,
     regrown_blocks,
     released_after_calls,
+    stored_since_steps,
     trace_cycles,
     turning_window,
 )
@@ -61,7 +62,7 @@ from triage.snapshot.frames import Site
 from triage.units import GiB, MiB, human
 
 if TYPE_CHECKING:
-    from triage.evidence import Evidence, StepSample, StepTrend, Survivors
+    from triage.evidence import Evidence, KeptCalls, StepSample, StepTrend, Survivors
     from triage.snapshot.sites import SiteStats
 
 ID = "tensor_leak"
@@ -377,6 +378,41 @@ def _steps_outgrew(ev: Evidence, trend: StepTrend, f: Finding) -> None:
         f.score = min(f.score, LEAD)
 
 
+def _stored_since_steps(ev: Evidence, f: Finding) -> Finding | None:
+    """The steps were flat, and this moment needed far more than they peaked at; most of the difference is
+    blocks one user line (outside the model) made before the trace began, beyond what the last step left:
+    kept since the steps, in a loop that runs no optimizer step. A lead: the trace does not show them pile
+    up, and a store the job means to keep looks the same."""
+    stored = stored_since_steps(ev)
+    peaks = ev.step_peaks
+    needed = ev.needed_bytes
+    if stored is None or not peaks or needed is None or not ev.is_cuda_oom:
+        return None
+    site, n, size = stored
+    if needed <= max(peaks) or size < needed - max(peaks):
+        return None
+    f.facts.append(
+        f"{n} blocks, {human(size)}, made at {site.label} before the trace began are still alive, beyond what "
+        f"the last sampled step left; without them this moment needed no more than the {human(max(peaks))} the "
+        "steps peaked at: kept since the steps (outputs or metrics appended in an evaluation loop)."
+    )
+    f.missing.append(
+        "an allocator trace that reaches back to the last step (a larger history_max_entries): whether these "
+        "blocks piled up call after call"
+    )
+    f.values.update({"leak_bytes": size, "leak_blocks": n, "site": site.label})
+    f.leak_site = site.to_dict()
+    f.score = LEAD
+    return f
+
+
+def _older(kc: KeptCalls) -> str:
+    """The clause for the line's blocks older than the trace, when there are any."""
+    if not kc.older_bytes:
+        return ""
+    return f", with {human(kc.older_bytes)} more made under the same line before the trace began (earlier calls kept)"
+
+
 def evaluate(ev: Evidence) -> Finding | None:
     f = Finding(rule=ID, verdict=VERDICT, score=0.0)
     limit = ev.limit_bytes or 0
@@ -441,7 +477,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         kc, peak = unsure  # unproven: no optimizer step came after them, so an earlier peak is what convicts
         f.facts.append(
             f"{kc.blocks} blocks, {human(kc.bytes)}, allocated in {kc.calls} earlier calls of the model at "
-            f"{kc.call.label} are still alive, and the earlier steps peaked at {human(peak or 0)}: outputs kept with "
+            f"{kc.call.label} are still alive{_older(kc)}, and the earlier steps peaked at {human(peak or 0)}: outputs kept with "
             "their autograd graphs (a validation loop without `torch.no_grad()`), unless every step runs the "
             "model that many times before one backward."
         )
@@ -454,13 +490,13 @@ def evaluate(ev: Evidence) -> Finding | None:
         kc, peak = graphs
         f.facts[:0] = [
             f"{kc.blocks} blocks, {human(kc.bytes)}, allocated in {kc.calls} earlier calls of the model at "
-            f"{kc.call.label} are still alive: each call's activations, kept for a backward that never came "
-            "(its output is still referenced, and with it its autograd graph).",
+            f"{kc.call.label} are still alive{_older(kc)}: each call's activations, kept for a backward that never "
+            "came (its output is still referenced, and with it its autograd graph).",
             f"Earlier steps peaked at {human(peak)}; without the kept calls this moment needed no more "
             f"than that, with them {human(ev.needed_bytes or 0)}."
             if peak is not None
-            else f"They are {human(kc.bytes)} of the {human(ev.needed_bytes or 0)} this moment needed; without "
-            f"them it needed {human((ev.needed_bytes or 0) - kc.bytes)}, which fitted.",
+            else f"They are {human(kc.kept_bytes)} of the {human(ev.needed_bytes or 0)} this moment needed; "
+            f"without them it needed {human((ev.needed_bytes or 0) - kc.kept_bytes)}, which fitted.",
         ]
         if kc.past_step:
             f.facts.insert(
@@ -469,7 +505,7 @@ def evaluate(ev: Evidence) -> Finding | None:
                 "over and their graphs were still referenced (a hidden state carried into the next step "
                 "without `.detach()`, outputs kept across steps).",
             )
-        f.values.update({"leak_bytes": kc.bytes, "leak_blocks": kc.blocks, "kept_calls": kc.calls})
+        f.values.update({"leak_bytes": kc.kept_bytes, "leak_blocks": kc.blocks, "kept_calls": kc.calls})
         f.leak_site = kc.call.to_dict()
 
         f.score = STRONG if kc.calls >= 4 else LIKELY
@@ -663,7 +699,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         if f.leak_site is None:
             _lead_by_calls(ev, f)
     elif trend_flat and graphs is None and unsure is None:
-        return None
+        return _stored_since_steps(ev, f)
     else:
         if ev.step is not None and ev.step <= 1 and ev.is_cuda_oom:
             return None  # nothing can leak before the first step completes

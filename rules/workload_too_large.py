@@ -70,6 +70,7 @@ from triage.evidence import (
     model_call,
     nothing_kept,
     regrown_across_calls,
+    stored_since_steps,
 )
 from triage.units import GiB, human
 
@@ -512,6 +513,15 @@ def evaluate(ev: Evidence) -> Finding | None:
                 "what this step ran that the earlier ones did not (its input sizes, train or eval)"
             )
             f.score = min(f.score, LEAD)
+    stored = stored_since_steps(ev) if peaks and needed is not None and not early and not grown else None
+    if stored is not None and needed is not None and needed > max(peaks) and stored[2] >= needed - max(peaks):
+        site, n, size = stored
+        f.facts.append(
+            f"But {n} blocks, {human(size)}, made at {site.label} before the trace began are still alive, beyond "
+            "what the last sampled step left: stored since the steps (outputs or metrics kept in a loop), and "
+            "without them this moment needed no more than the earlier steps peaked at."
+        )
+        f.score = min(f.score, LEAD)
     graphs = kept_graphs(ev)
     unsure = kept_graphs(ev, unproven=True) if graphs is None and not early else None
     kept = graphs or unsure

@@ -14,7 +14,7 @@ import math
 import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -381,6 +381,12 @@ class KeptCalls:
     peak_before: int  # the most live memory before it
     in_call: bool = False  # the failing allocation was made under the same line (a call of it had begun)
     past_step: int = 0  # kept calls made before an optimizer step that ran before the OOM
+    older_bytes: int = 0  # live blocks made under the same line before the trace began (earlier kept calls)
+
+    @property
+    def kept_bytes(self) -> int:
+        """What the line's kept calls hold: those the trace shows, and the older blocks under the line."""
+        return self.bytes + self.older_bytes
 
     @property
     def more_than_before(self) -> bool:
@@ -2017,7 +2023,12 @@ def kept_graphs(ev: Evidence, *, unproven: bool = False) -> tuple[KeptCalls, int
     needed = ev.needed_bytes
     if needed is None:
         return None
-    if peaks and needed > max(peaks) and kc.bytes >= needed - max(peaks):
+    # the trace shows two or more earlier calls kept; the line's live blocks from before the trace began are
+    # more of the same (calls kept since before the window), made well before the call under way
+    older = live_under_calls_before_trace(ev).get((kc.call.filename, kc.call.line, kc.call.name), 0)
+    if older != kc.older_bytes:
+        kc = replace(kc, older_bytes=older)
+    if peaks and needed > max(peaks) and kc.kept_bytes >= needed - max(peaks):
         return kc, max(peaks)
     # no earlier step was as large as this moment less the kept calls (the call under way is larger, or
     # no step free of kept calls is known): they are most of what it needed, and without them it fitted
@@ -2025,7 +2036,7 @@ def kept_graphs(ev: Evidence, *, unproven: bool = False) -> tuple[KeptCalls, int
     # most of it; a quarter when they outlived an optimizer step (their step was over: nothing else
     # explains them, and their loss's saved tensors, made outside the call, are kept with them)
     share = ACCUMULATING_SHARE if kc.past_step >= 1 else 0.5
-    if usable is not None and kc.bytes >= share * needed and needed - kc.bytes <= usable:
+    if usable is not None and kc.kept_bytes >= share * needed and needed - kc.kept_bytes <= usable:
         return kc, None
     return None
 
@@ -2109,6 +2120,47 @@ def live_under_calls_before_trace(ev: Evidence) -> dict[tuple[Any, Any, Any], in
                 if c is not None:
                     out[c] = out.get(c, 0) + b.size
     return out
+
+
+STORED_SLACK = 64 * MiB  # what a store's bytes may pass the memory above the last step's floor by (rounding)
+
+
+def stored_since_steps(ev: Evidence) -> tuple[Site, int, int] | None:
+    """(site, blocks, bytes) of the user line, outside any call of the model, whose live blocks made before
+    the trace began hold the most, when they fit in what is live beyond the floor the last sampled step
+    left: stored since the steps (outputs or metrics appended in an evaluation loop), not the model's
+    weights or state, which the floor holds. Needs the collector's samples and a trace."""
+    tl = ev.oom_timeline
+    if ev.snapshot is None or tl is None or not tl.entries or len(ev.steps) < 2 or ev.log_peaks_only:
+        return None
+    older = 0
+    calls: dict[int, bool] = {}  # by frames-list identity: made under a call of the model
+    sites: dict[int, Site] = {}
+    by_site: dict[Site, tuple[int, int]] = {}
+    for seg in ev.snapshot.segments:
+        if seg.device != tl.device:
+            continue
+        for b in seg.blocks:
+            if not b.allocated or b.address in tl.live_alloc_index:
+                continue
+            older += b.size
+            if not b.frames:
+                continue
+            key = id(b.frames)
+            if key not in calls:
+                calls[key] = model_call(ev.classifier, b.frames) is not None
+                sites[key] = ev.classifier.site(b.frames)
+            site = sites[key]
+            if calls[key] or site.kind != "user":
+                continue
+            n, size = by_site.get(site, (0, 0))
+            by_site[site] = (n + 1, size + b.size)
+    if not by_site:
+        return None
+    site, (n, size) = max(by_site.items(), key=lambda kv: kv[1][1])
+    if n < 2 or size > older - ev.steps[-1].allocated_bytes + STORED_SLACK:
+        return None
+    return site, n, size
 
 
 def _older_frees(ev: Evidence, tl: DeviceTimeline) -> dict[tuple[Any, Any, Any], list[tuple[int, int]]]:
