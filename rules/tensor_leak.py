@@ -414,6 +414,34 @@ def _older(kc: KeptCalls) -> str:
 
 
 def evaluate(ev: Evidence) -> Finding | None:
+    f = _evaluate(ev)
+    kept = ev.restart_kept_bytes
+    if kept is None or ev.restart_growth is None or not (ev.is_cuda_oom or ev.kind == "none"):
+        return f
+    if f is None:
+        f = Finding(rule=ID, verdict=VERDICT, score=0.0)
+    went_from, went_to, _ = ev.restart_growth
+    f.facts.insert(
+        0,
+        f"The step count started again ({went_from} → {went_to}: an attempt restarted from a checkpoint in the "
+        f"same process), and live memory after the same steps was {human(kept)} higher than the first time: what "
+        "the earlier attempt held (its model, optimizer state, outputs) was never freed"
+        + (", and the count started again once more before this OOM." if ev.restarted_again else "."),
+    )
+    f.values["restart_kept_bytes"] = kept
+    usable, needed = ev.usable_bytes, ev.needed_bytes
+    decisive = usable is not None and needed is not None and needed - kept <= usable
+    f.score = max(f.score, STRONG if ev.restarted_again and decisive else LIKELY)
+    f.actions.insert(
+        0,
+        "Free the failed attempt before starting again: drop every reference to its model, optimizer and "
+        "outputs (`del model, optimizer`, clear exception tracebacks that hold frames), then `gc.collect()` and "
+        "`torch.cuda.empty_cache()`; or restart the process instead of retrying in it.",
+    )
+    return f
+
+
+def _evaluate(ev: Evidence) -> Finding | None:
     f = Finding(rule=ID, verdict=VERDICT, score=0.0)
     limit = ev.limit_bytes or 0
     trend = ev.trend

@@ -558,6 +558,13 @@ def evaluate(ev: Evidence) -> Finding | None:
             "The same steps fitted before at this batch size: the device has less room now, not the step more need."
         )
         f.score = min(f.score, POSSIBLE)
+    left = ev.restart_kept_bytes
+    if left is not None and needed is not None and usable is not None and needed - left <= usable:
+        f.facts.append(
+            f"Without the {human(left)} an earlier attempt in the same process left behind, this moment needed "
+            f"{human(needed - left)}, which fitted."
+        )
+        f.score = min(f.score, POSSIBLE)
     promised = ev.promised_bytes
     if promised is not None and needed is not None and needed <= 0.9 * promised:
         f.facts.append(

@@ -200,7 +200,7 @@ class StepSample:
     time_us: int | None = None  # when it was taken (epoch µs, the clock of the trace's entries)
 
 
-def _step_samples(samples: Sequence[Any]) -> list[StepSample]:
+def _step_samples(samples: Sequence[Any], *, ordered: bool = True) -> list[StepSample]:
     out = []
     for i, s in enumerate(samples):
         if not isinstance(s, dict):
@@ -215,8 +215,36 @@ def _step_samples(samples: Sequence[Any]) -> list[StepSample]:
                 step if step is not None else i, a, peak, _int(s.get("batch_size")), _int(s.get("time_us"))
             )
         )
-    out.sort(key=lambda x: x.step)
+    if ordered:
+        out.sort(key=lambda x: x.step)
     return out
+
+
+RESTART_MIN_OVERLAP = 2  # steps both attempts sampled before their live memory is compared
+RESTART_GROWTH_MIN = 1 * GiB  # live memory an attempt kept from the one before it, at least
+RESTART_GROWTH_SHARE = 0.1  # ... and at least this share of what the job may hold
+
+
+def _attempts(samples: Sequence[Any]) -> list[list[StepSample]]:
+    """The timeline, in the order recorded, cut where the step count went back (an attempt started again
+    from a checkpoint in the same process): each attempt's samples."""
+    out: list[list[StepSample]] = [[]]
+    for s in _step_samples(samples, ordered=False):
+        if out[-1] and s.step < out[-1][-1].step:
+            out.append([])
+        out[-1].append(s)
+    return [a for a in out if a]
+
+
+def _restart_growth(ev: Evidence, attempts: list[list[StepSample]]) -> None:
+    """How much higher live memory was after the last restart with steps both attempts sampled, at those
+    steps (the median difference): what the earlier attempt held and never let go."""
+    for before, after in reversed(list(itertools.pairwise(attempts))):
+        old = {s.step: s.allocated_bytes for s in before}
+        diffs = sorted(s.allocated_bytes - old[s.step] for s in after if s.step in old)
+        if len(diffs) >= RESTART_MIN_OVERLAP:
+            ev.restart_growth = (before[-1].step, after[0].step, diffs[len(diffs) // 2])
+            return
 
 
 @dataclass(slots=True)
@@ -532,6 +560,10 @@ class Evidence:
     log_floor_bytes: int | None = None  # the least live memory the log printed before the failure
     log_peaks_only: bool = False  # the log's step samples are peaks printed alone (max_memory_allocated)
     trend: StepTrend | None = None
+    # the step count started again in the timeline (an attempt restarted in the same process): (the step it
+    # went back from, the step it went back to, how much higher live memory was at the same steps after)
+    restart_growth: tuple[int, int, int] | None = None
+    restarted_again: bool = False  # and once more after the last sample, before the OOM
     trend_source: str = "samples"  # samples (the collector's per-step memory) | trace (cycles in the trace)
     survivors: list[Survivors] = field(default_factory=list)
     kept_calls: KeptCalls | None = None
@@ -614,6 +646,17 @@ class Evidence:
         else:
             peaks = [top for _, top in self._oom_trace_cycles[1:-1]]
         return peaks if len(peaks) >= TRACE_MIN_CYCLES else []
+
+    @property
+    def restart_kept_bytes(self) -> int | None:
+        """Bytes the steps held more after the step count started again than before it, at the same steps,
+        when that is much (a GiB, and a tenth of what the job may hold): what the earlier attempt held was
+        never freed. None otherwise."""
+        if self.restart_growth is None:
+            return None
+        grown = self.restart_growth[2]
+        least = max(RESTART_GROWTH_MIN, RESTART_GROWTH_SHARE * (self.limit_bytes or 0))
+        return grown if grown >= least else None
 
     @property
     def step_series(self) -> str:
@@ -1551,6 +1594,12 @@ def _workload(ev: Evidence, batch_size: int | None) -> None:
     tl = _get(ev.bundle, "timeline")
     if isinstance(tl, list):
         ev.steps = _step_samples(tl)
+        attempts = _attempts(tl)
+        if len(attempts) >= 2:
+            _restart_growth(ev, attempts)
+            ev.steps = attempts[-1]
+        if ev.step is not None and ev.steps and ev.step < ev.steps[-1].step:
+            ev.restarted_again = True
         ev.trend = _phase_trend(ev.steps)
 
 
