@@ -225,6 +225,7 @@ def build(
             "peak_allocated_bytes": s[3],
             "time_us": s[4],
             "batch_size": s[5],
+            "device": s[6] if len(s) > 6 else None,
         }
         for s in list(st.timeline)
     ]

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from collector._send import Sender
 
 # (step, allocated, reserved, peak, time_us, batch_size)
-Sample = tuple[int, int | None, int | None, int | None, int, int | None]
+Sample = tuple[int, int | None, int | None, int | None, int, int | None, int | None]
 
 
 class State:

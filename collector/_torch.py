@@ -192,8 +192,8 @@ def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
 
 
 def sample(st: State) -> None:
-    """One timeline sample: (step, allocated, reserved, peak allocated, time_us, batch size)."""
-    alloc = reserved = peak = None
+    """One timeline sample: (step, allocated, reserved, peak allocated, time_us, batch size, device)."""
+    alloc = reserved = peak = dev = None
     if st.cuda_ready:
         try:
             torch = torch_module()
@@ -207,7 +207,7 @@ def sample(st: State) -> None:
                     torch.cuda.reset_peak_memory_stats(dev)
         except Exception:
             pass
-    st.timeline.append((st.step, alloc, reserved, peak, time.time_ns() // 1000, st.batch_size()))
+    st.timeline.append((st.step, alloc, reserved, peak, time.time_ns() // 1000, st.batch_size(), dev))
 
 
 # --- batch size and workers from the DataLoader in use (read from the loop's frames) ------------------------------------------------

@@ -1592,6 +1592,16 @@ def _workload(ev: Evidence, batch_size: int | None) -> None:
     ev.batch_size = batch_size or (_int(wl.get("batch_size")) if isinstance(wl, dict) else None)
     ev.step = _int(wl.get("step")) if isinstance(wl, dict) else None
     tl = _get(ev.bundle, "timeline")
+    if isinstance(tl, list) and ev.device is not None:
+        # the collector samples the process's current device: another device's steps say nothing of this one
+        # (a process that runs a second model on a second GPU)
+        mine = [s for s in tl if not isinstance(s, dict) or _int(s.get("device")) in (None, ev.device)]
+        if len(mine) < len(tl):
+            ev.notes.append(
+                f"{len(tl) - len(mine)} of the per-step samples are of another device than the OOM's (device "
+                f"{ev.device}): they are not read as its steps."
+            )
+            tl = mine
     if isinstance(tl, list):
         ev.steps = _step_samples(tl)
         attempts = _attempts(tl)

@@ -124,6 +124,7 @@ class TimelineSample(_Part):
     peak_allocated_bytes: Bytes | None = None
     time_us: int | None = None
     batch_size: int | None = None
+    device: int | None = None  # the device sampled (the process's current device)
 
 
 class Cgroup(_Part):

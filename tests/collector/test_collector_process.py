@@ -96,6 +96,7 @@ def test_oom_with_the_service_down_is_spooled_then_sent_exactly_once_by_the_next
     tl = b.timeline or []
     assert [s.step for s in tl] == [1, 2, 3]
     assert all(s.allocated_bytes and s.reserved_bytes and s.batch_size == 16 for s in tl)
+    assert all(s.device == 0 for s in tl)  # the current device, the one sampled
     assert [s.allocated_bytes or 0 for s in tl] == sorted(s.allocated_bytes or 0 for s in tl)
     assert b.host is not None and b.host.shm_total_bytes and b.host.cpu_count
     assert b.environment is not None and b.environment.torch_version and b.environment.RANK == "3"
