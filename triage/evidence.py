@@ -1624,22 +1624,19 @@ def _log_samples(ev: Evidence, text: str, from_log: set[int]) -> None:
 
     m = ev.message if ev.message is not None and id(ev.message) in from_log else None
     samples = memory_samples(text, m.rank if m else None, m.line_no if m else None)
-    other_ranks = False
+    other_ranks = not samples and m is not None and m.rank is not None
+    if other_ranks and m is not None:
+        # the failing rank printed nothing; the ranks that did (most loops log on rank 0 only) run the same
+        # code: whether live memory grew step after step holds for every rank. What each rank holds can
+        # differ (a pipeline's stages), so their floors and peaks are not taken for the failing rank's.
+        samples = memory_samples(text, None, m.line_no)
     # a line that printed the peak alone (torch.cuda.max_memory_allocated()) says how high the steps went,
     # not what they left behind: no floor. A peak that is never reset rises whenever a larger input comes;
     # only a long run of prints that rise nearly every time reads as growth
     floors = [s["allocated_bytes"] for s in samples if not s.get("peak_only")]
     peaks_only = bool(samples) and not floors
-    if floors:
+    if floors and not other_ranks:
         ev.log_floor_bytes = min(floors)
-    if samples:
-        pass
-    elif m is not None and m.rank is not None:
-        # the failing rank printed nothing; the ranks that did (most loops log on rank 0 only) run the same
-        # code: whether live memory grew step after step holds for every rank. What each rank holds can
-        # differ (a pipeline's stages), so their floors and peaks are not taken for the failing rank's.
-        samples = memory_samples(text, None, m.line_no)
-        other_ranks = True
     if len(samples) < (MIN_PEAK_SAMPLES if peaks_only else MIN_LOG_SAMPLES) or ev.setup_call is not None:
         # (printed while the model was still being set up: each sample is a loaded shard, not a step)
         return

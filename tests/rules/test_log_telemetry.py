@@ -151,3 +151,12 @@ def test_peaks_printed_alone(prints: int, climbs: bool, leak: bool) -> None:
 def test_the_peak_of_the_reservation_is_not_live_memory() -> None:
     text = "".join(f"iter {k} max_mem_reserved: {30 + k} GiB\n" for k in range(12))
     assert memory_samples(text) == []
+
+
+@pytest.mark.parametrize(("prints", "read"), [(5, False), (24, True)])
+def test_other_ranks_peaks_printed_alone_follow_the_peak_rules(prints: int, read: bool) -> None:
+    """Rank 0 prints only its peak, rank 3 fails: the same bar as the failing rank's own peak prints."""
+    text = "".join("[rank0]: " + metric_logger(k, 30000 + 420 * k) for k in range(prints))
+    _, ev = diagnose_text(text + RANK3_OOM)
+    assert bool(ev.steps) is read and ev.log_peaks_only is read
+    assert ev.log_floor_bytes is None
