@@ -1324,6 +1324,9 @@ def _sample_on(content: str) -> dict[str, int] | None:
         p = _RE_INTL_PEAK.search(content)
         if p is not None and peak is None:
             peak = parse_size(p.group(1), _INTL_UNITS.get(p.group(2), p.group(2)))
+    if current is None and peak is not None:
+        # the peak alone under a key that names allocated memory ("max_mem_alloc 58.1G")
+        return {"allocated_bytes": peak, "peak_allocated_bytes": peak, "peak_only": 1}
     if current is None and peak is None and (m := _RE_PEAK_ONLY.search(content)) is not None:
         if m.group(1):
             return None  # the peak of the reservation (or of the device's usage): not live memory

@@ -298,7 +298,10 @@ def test_memory_allocated_printed_in_bytes_is_read_and_peaks_are_not_current() -
 
 
 def test_what_is_not_a_memory_sample() -> None:
-    assert memory_samples("step 4 | peak_allocated 30 GiB | max_mem_allocated 31 GiB") == []
+    # peaks printed without live memory are peaks only: never a floor (see test_log_telemetry.py)
+    assert memory_samples("step 4 | peak_allocated 30 GiB | max_mem_allocated 31 GiB") == [
+        {"step": 4, "allocated_bytes": 30 * 1024**3, "peak_allocated_bytes": 30 * 1024**3, "peak_only": 1}
+    ]
     assert memory_samples("GPU 0; 79.15 GiB total capacity; 76.10 GiB already allocated; 1.2 GiB free") == []
     assert memory_samples(OWN_OOM) == []
     assert memory_samples("epoch 3 allocated=512") == []  # a bare count, not bytes

@@ -160,3 +160,24 @@ def test_other_ranks_peaks_printed_alone_follow_the_peak_rules(prints: int, read
     _, ev = diagnose_text(text + RANK3_OOM)
     assert bool(ev.steps) is read and ev.log_peaks_only is read
     assert ev.log_floor_bytes is None
+
+
+@pytest.mark.parametrize("stranded", [True, False])
+def test_flat_peaks_under_an_allocated_key_and_large_holes(stranded: bool) -> None:
+    """ "max_mem_alloc 58.1G" every 100 iterations, flat: no leak, and the steps needed about that much. At the
+    OOM the step needs a little more while 18.8 GiB of the reservation sits in holes eight times the request:
+    fragmentation. With the holes small, the step itself outgrew what it could hold."""
+    prints = "".join(
+        f"[trainer] it {100 * k:6d} | loss 2.9 | max_mem_alloc {58.0 + 0.1 * (k % 3):.1f}G\n"
+        for k in range(31)
+    )
+    ru, alloc = (18.82, 58.70) if stranded else (0.40, 77.10)
+    oom = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.34 GiB. GPU 0 has a total capacity of "
+        f"79.11 GiB of which 1.06 GiB is free. Including non-PyTorch memory, this process has 78.04 GiB memory in "
+        f"use. Of the allocated memory {alloc:.2f} GiB is allocated by PyTorch, and {ru:.2f} GiB is reserved by "
+        "PyTorch but unallocated.\n"
+    )
+    d, ev = diagnose_text(prints + TRACEBACK + oom)
+    assert ev.log_peaks_only and len(ev.steps) == 31
+    assert (d.verdict == "fragmentation") is stranded
