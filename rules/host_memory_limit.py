@@ -5,9 +5,9 @@ Behaviour relied on: host RAM is limited by the container's cgroup (``memory.max
 Python hook runs, the log ends with "Killed", the exit code is 137 (128 + 9) and Kubernetes reports
 the container as ``OOMKilled``; the cgroup's ``oom_kill`` counter goes up. Page-locked (pinned) host
 buffers, which the DataLoader's pin memory thread allocates through the CUDA driver, fail instead: the
-driver cannot lock more of the host's RAM and CUDA says ``out of memory`` about the host, not the GPU. Typical causes are
-DataLoader workers each holding a copy of the dataset, pinned-memory buffers and CPU offload. GPU
-memory has nothing to do with it.
+driver cannot lock more of the host's RAM and CUDA says ``out of memory`` about the host, not the GPU.
+Typical causes are DataLoader workers each holding a copy of the dataset, pinned-memory buffers and CPU
+offload. GPU memory has nothing to do with it.
 """
 
 from __future__ import annotations

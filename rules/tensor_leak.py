@@ -384,17 +384,13 @@ def _stored_since_steps(ev: Evidence, f: Finding) -> Finding | None:
     kept since the steps, in a loop that runs no optimizer step. A lead: the trace does not show them pile
     up, and a store the job means to keep looks the same."""
     stored = stored_since_steps(ev)
-    peaks = ev.step_peaks
-    needed = ev.needed_bytes
-    if stored is None or not peaks or needed is None or not ev.is_cuda_oom:
+    if stored is None or not ev.is_cuda_oom:
         return None
     site, n, size = stored
-    if needed <= max(peaks) or size < needed - max(peaks):
-        return None
     f.facts.append(
         f"{n} blocks, {human(size)}, made at {site.label} before the trace began are still alive, beyond what "
-        f"the last sampled step left; without them this moment needed no more than the {human(max(peaks))} the "
-        "steps peaked at: kept since the steps (outputs or metrics appended in an evaluation loop)."
+        f"the last sampled step left; without them this moment needed no more than the {human(max(ev.step_peaks))} "
+        "the steps peaked at: kept since the steps (outputs or metrics appended in an evaluation loop)."
     )
     f.missing.append(
         "an allocator trace that reaches back to the last step (a larger history_max_entries): whether these "

@@ -513,8 +513,8 @@ def evaluate(ev: Evidence) -> Finding | None:
                 "what this step ran that the earlier ones did not (its input sizes, train or eval)"
             )
             f.score = min(f.score, LEAD)
-    stored = stored_since_steps(ev) if peaks and needed is not None and not early and not grown else None
-    if stored is not None and needed is not None and needed > max(peaks) and stored[2] >= needed - max(peaks):
+    stored = None if early or grown else stored_since_steps(ev)
+    if stored is not None:
         site, n, size = stored
         f.facts.append(
             f"But {n} blocks, {human(size)}, made at {site.label} before the trace began are still alive, beyond "

@@ -14,7 +14,7 @@ import math
 import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -225,11 +225,11 @@ RESTART_GROWTH_MIN = 1 * GiB  # live memory an attempt kept from the one before 
 RESTART_GROWTH_SHARE = 0.1  # ... and at least this share of what the job may hold
 
 
-def _attempts(samples: Sequence[Any]) -> list[list[StepSample]]:
-    """The timeline, in the order recorded, cut where the step count went back (an attempt started again
+def _attempts(samples: Sequence[StepSample]) -> list[list[StepSample]]:
+    """The samples, in the order recorded, cut where the step count went back (an attempt started again
     from a checkpoint in the same process): each attempt's samples."""
     out: list[list[StepSample]] = [[]]
-    for s in _step_samples(samples, ordered=False):
+    for s in samples:
         if out[-1] and s.step < out[-1][-1].step:
             out.append([])
         out[-1].append(s)
@@ -571,6 +571,7 @@ class Evidence:
     freed_calls: int | None = None
     calls_by_device: dict[int, dict[int, CallId]] = field(default_factory=dict, repr=False)
     under_calls: dict[tuple[Any, Any, Any], tuple[int, int]] | None = field(default=None, repr=False)
+    older_blocks: OlderBlocks | None = field(default=None, repr=False)
     site_allocs: dict[tuple[int, Site], list[int]] | None = field(default=None, repr=False)
     aligned: AlignedStep | bool | None = field(default=False, repr=False)  # False: not worked out yet
     oom_entry: TraceEntry | None = None
@@ -1603,11 +1604,11 @@ def _workload(ev: Evidence, batch_size: int | None) -> None:
             )
             tl = mine
     if isinstance(tl, list):
-        ev.steps = _step_samples(tl)
-        attempts = _attempts(tl)
+        # in the order recorded (the collector's is oldest first), cut where the step count went back
+        attempts = _attempts(_step_samples(tl, ordered=False))
+        ev.steps = attempts[-1] if attempts else []
         if len(attempts) >= 2:
             _restart_growth(ev, attempts)
-            ev.steps = attempts[-1]
         if ev.step is not None and ev.steps and ev.step < ev.steps[-1].step:
             ev.restarted_again = True
         ev.trend = _phase_trend(ev.steps)
@@ -2079,11 +2080,6 @@ def kept_graphs(ev: Evidence, *, unproven: bool = False) -> tuple[KeptCalls, int
     needed = ev.needed_bytes
     if needed is None:
         return None
-    # the trace shows two or more earlier calls kept; the line's live blocks from before the trace began are
-    # more of the same (calls kept since before the window), made well before the call under way
-    older = live_under_calls_before_trace(ev).get((kc.call.filename, kc.call.line, kc.call.name), 0)
-    if older != kc.older_bytes:
-        kc = replace(kc, older_bytes=older)
     if peaks and needed > max(peaks) and kc.kept_bytes >= needed - max(peaks):
         return kc, max(peaks)
     # no earlier step was as large as this moment less the kept calls (the call under way is larger, or
@@ -2156,26 +2152,55 @@ def live_under_calls(ev: Evidence) -> dict[tuple[Any, Any, Any], tuple[int, int]
     return out
 
 
-def live_under_calls_before_trace(ev: Evidence) -> dict[tuple[Any, Any, Any], int]:
-    """Bytes of the live blocks on the OOM's device made inside the calls of each model-running line before
-    the trace began (their allocation is not in it): what those calls have held since before the trace."""
-    out: dict[tuple[Any, Any, Any], int] = {}
+@dataclass(slots=True)
+class OlderBlocks:
+    """The live blocks on the OOM's device made before the trace began (their allocation is not in it)."""
+
+    bytes: int = 0
+    # by the model-running line they were made in a call of: what those calls have held since before the trace
+    under_calls: dict[tuple[Any, Any, Any], int] = field(default_factory=dict)
+    # by the user line they were made at, outside any call of the model: (blocks, bytes)
+    outside_calls: dict[Site, tuple[int, int]] = field(default_factory=dict)
+
+
+def older_blocks(ev: Evidence) -> OlderBlocks | None:
+    """The blocks older than the trace, read once (None without a snapshot and a trace)."""
+    if ev.older_blocks is not None:
+        return ev.older_blocks
     tl = ev.oom_timeline
     if ev.snapshot is None or tl is None or not tl.entries:
-        return out
-    calls: dict[int, tuple[Any, Any, Any] | None] = {}
+        return None
+    out = OlderBlocks()
+    calls: dict[int, tuple[Any, Any, Any] | None] = {}  # by frames-list identity (stacks are shared)
+    sites: dict[int, Site] = {}
     for seg in ev.snapshot.segments:
         if seg.device != tl.device:
             continue
         for b in seg.blocks:
-            if b.allocated and b.frames and b.address not in tl.live_alloc_index:
-                key = id(b.frames)
-                if key not in calls:
-                    calls[key] = model_call(ev.classifier, b.frames)
-                c = calls[key]
-                if c is not None:
-                    out[c] = out.get(c, 0) + b.size
+            if not b.allocated or b.address in tl.live_alloc_index:
+                continue
+            out.bytes += b.size
+            if not b.frames:
+                continue
+            key = id(b.frames)
+            if key not in calls:
+                calls[key] = model_call(ev.classifier, b.frames)
+                sites[key] = ev.classifier.site(b.frames)
+            c = calls[key]
+            if c is not None:
+                out.under_calls[c] = out.under_calls.get(c, 0) + b.size
+            elif sites[key].kind == "user":
+                n, size = out.outside_calls.get(sites[key], (0, 0))
+                out.outside_calls[sites[key]] = (n + 1, size + b.size)
+    ev.older_blocks = out
     return out
+
+
+def live_under_calls_before_trace(ev: Evidence) -> dict[tuple[Any, Any, Any], int]:
+    """Bytes of the live blocks on the OOM's device made inside the calls of each model-running line before
+    the trace began (their allocation is not in it): what those calls have held since before the trace."""
+    older = older_blocks(ev)
+    return older.under_calls if older is not None else {}
 
 
 STORED_SLACK = 64 * MiB  # what a store's bytes may pass the memory above the last step's floor by (rounding)
@@ -2184,37 +2209,21 @@ STORED_SLACK = 64 * MiB  # what a store's bytes may pass the memory above the la
 def stored_since_steps(ev: Evidence) -> tuple[Site, int, int] | None:
     """(site, blocks, bytes) of the user line, outside any call of the model, whose live blocks made before
     the trace began hold the most, when they fit in what is live beyond the floor the last sampled step
-    left: stored since the steps (outputs or metrics appended in an evaluation loop), not the model's
-    weights or state, which the floor holds. Needs the collector's samples and a trace."""
-    tl = ev.oom_timeline
-    if ev.snapshot is None or tl is None or not tl.entries or len(ev.steps) < 2 or ev.log_peaks_only:
+    left, and without them this moment needed no more than the sampled steps peaked at: stored since the
+    steps (outputs or metrics appended in an evaluation loop), not the model's weights or state, which the
+    floor holds. Needs the collector's samples and a trace."""
+    older = older_blocks(ev)
+    peaks, needed = ev.step_peaks, ev.needed_bytes
+    if older is None or len(ev.steps) < 2 or ev.log_peaks_only or not peaks or needed is None:
         return None
-    older = 0
-    calls: dict[int, bool] = {}  # by frames-list identity: made under a call of the model
-    sites: dict[int, Site] = {}
-    by_site: dict[Site, tuple[int, int]] = {}
-    for seg in ev.snapshot.segments:
-        if seg.device != tl.device:
-            continue
-        for b in seg.blocks:
-            if not b.allocated or b.address in tl.live_alloc_index:
-                continue
-            older += b.size
-            if not b.frames:
-                continue
-            key = id(b.frames)
-            if key not in calls:
-                calls[key] = model_call(ev.classifier, b.frames) is not None
-                sites[key] = ev.classifier.site(b.frames)
-            site = sites[key]
-            if calls[key] or site.kind != "user":
-                continue
-            n, size = by_site.get(site, (0, 0))
-            by_site[site] = (n + 1, size + b.size)
-    if not by_site:
+    if not older.outside_calls or needed <= max(peaks):
         return None
-    site, (n, size) = max(by_site.items(), key=lambda kv: kv[1][1])
-    if n < 2 or size > older - ev.steps[-1].allocated_bytes + STORED_SLACK:
+    site, (n, size) = max(older.outside_calls.items(), key=lambda kv: kv[1][1])
+    if (
+        n < 2
+        or size > older.bytes - ev.steps[-1].allocated_bytes + STORED_SLACK
+        or size < needed - max(peaks)
+    ):
         return None
     return site, n, size
 
@@ -2482,6 +2491,11 @@ def _kept_calls(ev: Evidence) -> None:
         # rather than a criterion module's one saved tensor a call, however large
         if best is None or (kept.blocks, kept.bytes) > (best.blocks, best.bytes):
             best = kept
+    if best is not None:
+        # the line's live blocks from before the trace began are more of the same (calls kept since before
+        # the window), made well before the call under way
+        key = (best.call.filename, best.call.line, best.call.name)
+        best.older_bytes = live_under_calls_before_trace(ev).get(key, 0)
     ev.kept_calls = best
     freed: dict[tuple[Any, Any, Any], int] = {}
     for c in volume:

@@ -367,9 +367,8 @@ _RE_ASYNC_FIGURE = re.compile(
     r"(?: \(set by user-supplied memory fraction\))?)?\s{0,30}:\s{0,30}" + _SIZE + r"\s*$"
 )
 _RE_ASYNC_LIMIT_HEAD = re.compile(r"^\s{0,30}PyTorch limit(?: \(set by user-supplied memory fraction\))?\s*$")
-ASYNC_UNLIMITED = (
-    1 << 60
-)  # the backend's limit when no fraction was set: 2^64 - 1 bytes, "17179869184.00 GiB"
+# a limit this large is none: with no fraction set the backend prints 2^64 - 1 bytes ("17179869184.00 GiB")
+ASYNC_UNLIMITED = 1 << 60
 _RE_CUDA_ERR = re.compile(
     r"(?:CUDA|HIP) (?:driver )?error: (?:out of memory|CUBLAS_STATUS_ALLOC_FAILED)"
     r"|cuda runtime error \(2\) ?: out of memory"
@@ -909,7 +908,6 @@ def _fill_torch(msg: OomMessage, text: str) -> None:
 
 
 _ASYNC_LINES = 6  # the figures the cudaMallocAsync backend prints, the limit's key on a line of its own
-_ASYNC_FIELDS = {"Currently allocated": "allocated", "Requested": "requested", "Device limit": "total"}
 
 
 def _fill_async(msg: OomMessage, text: str) -> None:
@@ -931,12 +929,12 @@ def _fill_async(msg: OomMessage, text: str) -> None:
                 msg.allowed_bytes = size
         elif name.startswith("Free"):
             msg.free_bytes = size
-        elif (field_name := _ASYNC_FIELDS.get(name)) == "allocated":
+        elif name == "Currently allocated":
             msg.allocated_bytes = msg.reserved_bytes = size
             msg.reserved_unallocated_bytes = 0
-        elif field_name == "requested":
+        elif name == "Requested":
             msg.requested_bytes = size
-        elif field_name == "total":
+        elif name == "Device limit":
             msg.total_bytes = size
         key = None
 
@@ -1178,16 +1176,6 @@ _RE_PEAK_ONLY = re.compile(
     r"['\"]?\s{0,3}[:=]\s{0,3}(\d{1,20}(?:\.\d{1,6})?)\s{0,2}(GiB|MiB|GB|MB|G|M)?(?![\w])",
     re.IGNORECASE,
 )
-_INTL_UNITS = {
-    "ГиБ": "GiB",
-    "МиБ": "MiB",
-    "ГБ": "GB",
-    "МБ": "MB",
-    "Г": "GIB",
-    "М": "MIB",
-    "G": "GIB",
-    "M": "MIB",
-}
 # "mem(alloc/reserved) 10.75/16.65 GB", "alloc/res: 10.2/16.1 GiB": the pair, allocated first
 _RE_ALLOC_PAIR = re.compile(
     r"(?<![\w])alloc(?:ated)?\s{0,2}/\s{0,2}(?:res(?:erved)?|cached)\)?['\"]?\s{0,3}[:=]?\s{0,3}"
@@ -1206,6 +1194,7 @@ _RE_STEP_NO = re.compile(
     re.IGNORECASE,
 )
 _SHORT_UNITS = {"G": "GIB", "M": "MIB"}
+_INTL_UNITS = {**_SHORT_UNITS, "ГиБ": "GiB", "МиБ": "MiB", "ГБ": "GB", "МБ": "MB", "Г": "GIB", "М": "MIB"}
 MIN_SIZED_BYTES = 1 << 20  # a bare number below this is not a byte count of GPU memory
 RESTART_LEVEL = 1.05  # of the first sample's live memory: a count that starts again at this level restarted
 # a unit printed once for the whole line: Megatron's "memory (MB) | allocated: 20121.6 | max allocated: …"
@@ -1327,7 +1316,7 @@ def _sample_on(content: str) -> dict[str, int] | None:
     if current is None and peak is not None:
         # the peak alone under a key that names allocated memory ("max_mem_alloc 58.1G")
         return {"allocated_bytes": peak, "peak_allocated_bytes": peak, "peak_only": 1}
-    if current is None and peak is None and (m := _RE_PEAK_ONLY.search(content)) is not None:
+    if current is None and (m := _RE_PEAK_ONLY.search(content)) is not None:
         if m.group(1):
             return None  # the peak of the reservation (or of the device's usage): not live memory
         unit = m.group(3)
