@@ -447,6 +447,7 @@ def _evaluate(ev: Evidence) -> Finding | None:
         leak = _leaky_site(ev, min_cycles=2)
     trend_growing = False
     trend_flat = False
+    flat_fact = ""
     if trend is not None:
         growth_floor = max(256 * MiB, int(MIN_GROWTH_FRACTION * limit)) if limit else 256 * MiB
         if trend.plateaued and trend.steps >= 6:
@@ -490,10 +491,11 @@ def _evaluate(ev: Evidence) -> Finding | None:
             f.values["steps"] = trend.steps
         elif trend.steps >= 4:
             trend_flat = True
-            f.facts.append(
+            flat_fact = (
                 f"{ev.step_series} stayed flat over {trend.steps} steps "
                 f"({human(trend.start_bytes)} → {human(trend.end_bytes)})."
             )
+            f.facts.append(flat_fact)
 
     graphs = kept_graphs(ev) if leak is None and not trend_growing else None
     unsure = kept_graphs(ev, unproven=True) if leak is None and not trend_growing and graphs is None else None
@@ -552,6 +554,13 @@ def _evaluate(ev: Evidence) -> Finding | None:
         )
         if st.site.kind in ("user", "library"):
             f.leak_site = st.site.to_dict()
+        if leak.call is not None and leak.call.label != st.site.label:
+            f.facts.append(
+                f"They were made inside the model, in its calls at {leak.call.label}: what is kept from one call "
+                "to the next is the model's (its outputs appended to a list at that line, or a module that "
+                "stores tensors on itself)."
+            )
+            f.values["call"] = leak.call.label
         held = ev.kept_calls
         if (
             held is not None
@@ -619,11 +628,14 @@ def _evaluate(ev: Evidence) -> Finding | None:
         elif trend_growing or (steady and f.score >= STRONG):
             f.score = 0.95
         elif trend_flat and not steady and (last := _after_the_steps(ev, leak)) is not None:
+            # the flat steps are the background here, not the finding: the kept blocks lead
+            f.facts.remove(flat_fact)
             f.facts.append(
                 f"All of them were made after the last optimizer step the collector sampled (step {last.step}): "
                 "they piled up in a loop that runs no optimizer step (an evaluation or inference loop), "
                 "which the flat steps before it do not cover."
             )
+            f.facts.append(flat_fact)
         elif trend_flat and not steady:
             f.score = min(f.score, BOUNDED)
         elif trend is None and (churn := _turned_over(ev, leak)):
@@ -799,6 +811,12 @@ def _evaluate(ev: Evidence) -> Finding | None:
     elif f.leak_site is not None:
         site = f.leak_site
         loc = f"{site['filename']}:{site['line']} in {site['name']}"
+        if isinstance(call := f.values.get("call"), str):
+            f.actions.append(
+                f"At {call}: if the model's outputs are kept from call to call, keep `out.cpu()` (or the "
+                "numbers you need, with `.item()`) instead of the tensor on the device; if a module keeps them "
+                "on itself, bound or clear that store."
+            )
         f.actions.append(
             f"At {loc}: keep a number, not the tensor — `loss.item()` / `.detach().cpu()` before storing "
             "it in a list, dict or attribute that outlives the step."

@@ -356,6 +356,8 @@ class Survivors:
     # (line, blocks freed, steps) of blocks older than the trace freed one for one as the site's came in,
     # over the site's last ``steps`` gaps (a window that turns over: ``deque(maxlen=N)``), or None
     replacing: tuple[tuple[Any, Any, Any], int, int] | None = None
+    # the user line that ran the model every survivor was made in (``outs.append(model(x))``), when one
+    call: Site | None = None
 
     @property
     def accumulating(self) -> bool:
@@ -570,6 +572,7 @@ class Evidence:
     # calls of one model line in the trace freed since, the most of any line (None: no call seen)
     freed_calls: int | None = None
     calls_by_device: dict[int, dict[int, CallId]] = field(default_factory=dict, repr=False)
+    call_restarts_by_device: dict[int, dict[CallId, list[int]]] = field(default_factory=dict, repr=False)
     under_calls: dict[tuple[Any, Any, Any], tuple[int, int]] | None = field(default=None, repr=False)
     older_blocks: OlderBlocks | None = field(default=None, repr=False)
     site_allocs: dict[tuple[int, Site], list[int]] | None = field(default=None, repr=False)
@@ -1808,17 +1811,22 @@ def _survivors(ev: Evidence) -> None:
         # is read at its first survivor, so two calls' are compared at the same point of their forward
         # passes (the last layer's of one against the first layer's of the next would differ by a whole
         # forward's activations); made in two calls, only a backward between them ends a step
-        firsts = [
-            i
-            for j, i in enumerate(idx)
-            if j == 0 or call_of.get(i) is None or call_of.get(i) != call_of.get(idx[j - 1])
-        ]
+        firsts: list[int] = []
+        passes: set[int] = set()  # firsts that began a new forward pass inside what reads as one call
+        for j, i in enumerate(idx):
+            c = call_of.get(i)
+            if j == 0 or c is None or c != call_of.get(idx[j - 1]):
+                firsts.append(i)
+            elif _passed_again(ev, tl, call_of, firsts[-1], i):
+                firsts.append(i)
+                passes.add(i)
         cycles = sum(
             1
             for a, c in itertools.pairwise(firsts)
             # two calls' first survivors sit at the same point of their forward passes: memory that rose
             # and came back down between them is a forward and a backward that came and went
-            if (call_of.get(a) is None or call_of.get(a) != call_of.get(c))
+            if c in passes
+            or (call_of.get(a) is None or call_of.get(a) != call_of.get(c))
             and (
                 _is_cycle(tl, a, c, swing)
                 or _call_between(tl, call_of, order, a, c)
@@ -1834,6 +1842,9 @@ def _survivors(ev: Evidence) -> None:
         # the blocks of one call are one survivor: a call under way at the OOM holds its activations, one
         # gap, however many layers it has run
         sv = Survivors(st, cycles, len(firsts) - 1, freed, after)
+        calls = {c[0] if (c := call_of.get(i)) is not None else None for i in idx}
+        if len(calls) == 1 and (key := calls.pop()) is not None:
+            sv.call = Site(str(key[0]), int(key[1] or 0), str(key[2]))
         if sv.evicted_like_a_cache:
             sv.evicted_meanwhile = _freed_after(tl, allocs_by_site(ev).get((dev, st.site), []), idx[0])
         if freed == 0 and st.count > st.traced and len(firsts) >= 3:
@@ -2326,11 +2337,55 @@ def _next_call_without_grad(tl: DeviceTimeline, call_of: dict[int, CallId], a: i
     ca, cc = call_of.get(a), call_of.get(c)
     if ca is None or cc is None or ca[0] != cc[0] or ca[1] >= cc[1]:
         return False
+    return _no_grad_pass(tl, a, c)
+
+
+def _passed_again(ev: Evidence, tl: DeviceTimeline, call_of: dict[int, CallId], a: int, c: int) -> bool:
+    """Whether two blocks made in what reads as one call (a and c) are two forward passes' without
+    gradients: the run's first stack came back between them (a loop calling the model back to back),
+    and what came between came and went as a forward without gradients does. One forward's layers do
+    not qualify: a later layer does not repeat the run's first allocation (the embedding, the input's
+    cast), and one with gradients keeps its saved activations."""
+    restarts = _call_restarts(ev, tl, call_of).get(call_of[a])  # type: ignore[index]
+    if not restarts:
+        return False
+    k = bisect_right(restarts, a)
+    return k < len(restarts) and restarts[k] < c and _no_grad_pass(tl, a, c)
+
+
+def _no_grad_pass(tl: DeviceTimeline, a: int, c: int) -> bool:
+    """Whether what was allocated between entries a and c came and went as a forward without gradients
+    does: far more than the block at a (4x), and at most a tenth of it still live before c."""
     size = tl.raw[a].get("size", 0)
     size = size if isinstance(size, int) and size > 0 else 1
     volume = tl.volumes[c - 1] - tl.volumes[a]
     net = tl.level_at(c - 1) - tl.level_at(a)
     return volume >= 4 * size and net <= NO_GRAD_SHARE * volume
+
+
+def _call_restarts(ev: Evidence, tl: DeviceTimeline, call_of: dict[int, CallId]) -> dict[CallId, list[int]]:
+    """Where, inside one run of allocations under a model-running line, the run's first stack came back
+    (by entry index, in order): the next forward pass of a loop that calls the model back to back with
+    nothing allocated in between (inputs already on the device, outputs kept as they are), which reads
+    as one call. Worked out once per device."""
+    got = ev.call_restarts_by_device.get(tl.device)
+    if got is not None:
+        return got
+    got = ev.call_restarts_by_device[tl.device] = {}
+    stack_of: dict[int, tuple[tuple[Any, Any, Any], ...]] = {}
+    first: dict[CallId, tuple[tuple[Any, Any, Any], ...]] = {}
+    raw = tl.raw
+    for i in sorted(call_of):
+        frames = raw[i].get("frames") or ()
+        key = stack_of.get(id(frames))
+        if key is None:
+            key = stack_of[id(frames)] = tuple(frame_key(fr) for fr in frames if isinstance(fr, dict))
+        c = call_of[i]
+        if c not in first:
+            first[c] = key
+        elif key == first[c]:
+            got.setdefault(c, []).append(i)
+    return got
 
 
 def _model_calls(ev: Evidence, tl: DeviceTimeline) -> dict[int, CallId]:
