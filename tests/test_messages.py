@@ -645,6 +645,42 @@ def test_an_inference_servers_own_words_at_start_up(
     assert m.exception_type in ("ValueError", "RuntimeError")
 
 
+@pytest.mark.parametrize(
+    ("line", "left"),
+    [
+        (
+            "INFO 02-26 09:54:05 worker.py:267] model weights take 5.20GiB; non_torch_memory takes 0.03GiB; PyTorch "
+            "activation peak memory takes 1.42GiB; the rest of the memory reserved for KV Cache is -1.05GiB.",
+            "0",
+        ),
+        (
+            "(EngineCore_0 pid=88) INFO 05-02 11:03:12 [gpu_worker.py:276] Available KV cache memory: -0.52 GiB",
+            "0",
+        ),
+        ("INFO 02-26 09:54:05 executor_base.py:111] # cuda blocks: 0, # CPU blocks: 4681", "0"),
+        ("INFO 01-10 08:00:00 llm_engine.py:300] # GPU blocks: 0, # CPU blocks: 2048", "0"),
+    ],
+)
+def test_an_inference_servers_profile_that_left_nothing_for_its_kv_cache(line: str, left: str) -> None:
+    """The profile vLLM logs before it raises: when the error itself was cut from the log, these lines say
+    the same (the weights and the activation peak took the whole budget)."""
+    m = one(line + "\n")
+    assert (m.kind, m.format) == ("cuda_oom", "serving-config")
+    assert m.extra == {"engine": "vllm", "limit": "kv-cache", "kv_available_bytes": left}
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "INFO 02-26 09:54:05 worker.py:267] the rest of the memory reserved for KV Cache is 31.05GiB.",
+        "INFO 05-02 11:03:12 [gpu_worker.py:276] Available KV cache memory: 60.52 GiB",
+        "INFO 02-26 09:54:05 executor_base.py:111] # cuda blocks: 10452, # CPU blocks: 0",
+    ],
+)
+def test_a_profile_that_left_room_for_the_kv_cache_is_no_error(line: str) -> None:
+    assert parse_messages(line + "\n") == []
+
+
 def test_a_notebook_restarted_for_lack_of_ram() -> None:
     m = one(
         "Your session crashed after using all available RAM. If you are interested in access to high-RAM "

@@ -1826,11 +1826,13 @@ def _survivors(ev: Evidence) -> None:
             # two calls' first survivors sit at the same point of their forward passes: memory that rose
             # and came back down between them is a forward and a backward that came and went
             if c in passes
-            or (call_of.get(a) is None or call_of.get(a) != call_of.get(c))
-            and (
-                _is_cycle(tl, a, c, swing)
-                or _call_between(tl, call_of, order, a, c)
-                or _next_call_without_grad(tl, call_of, a, c)
+            or (
+                (call_of.get(a) is None or call_of.get(a) != call_of.get(c))
+                and (
+                    _is_cycle(tl, a, c, swing)
+                    or _call_between(tl, call_of, order, a, c)
+                    or _next_call_without_grad(tl, call_of, a, c)
+                )
             )
         )
         freed = max(0, st.allocs_in_trace - st.traced)

@@ -300,6 +300,9 @@ _SERVING_WORDS = (
     "stored in kv cache",
     "to serve at least one request",
     "prefill tokens",
+    "reserved for kv cache is",
+    "available kv cache memory",
+    "blocks: 0",
 )
 # a literal (lower case) of every alternative of _TRIGGER: a line with none of them cannot match it
 _TRIGGER_WORDS = (
@@ -355,6 +358,14 @@ _RE_VLLM_KV = re.compile(
     r"|To serve at least one request with the models?'s max seq len \((\d[\d,]{0,12})\),?\s{0,3}(?:\(?"
     r"(\d{1,6}(?:\.\d{1,4})?) GiB KV cache is needed, which is larger than the available KV cache memory "
     r"\((-?\d{1,6}(?:\.\d{1,4})?) GiB\))?"
+)
+# vLLM's own memory profile at start-up, when the error that follows it was cut from the log: nothing left
+# for the KV cache once the weights and the activation peak are counted (v0's "the rest of the memory
+# reserved for KV Cache is -1.05GiB", v1's "Available KV cache memory: -0.52 GiB", "# GPU blocks: 0")
+_RE_VLLM_KV_PROFILE = re.compile(
+    r"the rest of the memory reserved for KV Cache is (-\d{1,6}(?:\.\d{1,4})?|0(?:\.0{1,4})?) ?GiB"
+    r"|Available KV cache memory: (-\d{1,6}(?:\.\d{1,4})?|0(?:\.0{1,4})?) ?GiB"
+    r"|# (?:GPU|cuda) blocks: 0\b"
 )
 _RE_TGI_PREFILL = re.compile(r"Not enough memory to handle (\d{1,9}) prefill tokens")
 _RE_TORCH = re.compile(r"(?<![\w])(CUDA|HIP) out of memory")
@@ -607,6 +618,12 @@ def _detect_serving(content: str) -> list[_Hit]:
                 msg.requested_bytes = _gib(m.group(4))
                 msg.extra["kv_available_bytes"] = str(max(0, _gib(m.group(5))))
         return [_Hit(_error_start(content, m.start()), msg)]
+    m = _RE_VLLM_KV_PROFILE.search(content)
+    if m:
+        msg = OomMessage(CUDA_OOM, "serving-config", "", extra={"engine": "vllm", "limit": "kv-cache"})
+        left = m.group(1) or m.group(2)
+        msg.extra["kv_available_bytes"] = "0" if left is None else str(max(0, _gib(left)))
+        return [_Hit(m.start(), msg)]
     m = _RE_TGI_PREFILL.search(content)
     if m:
         msg = OomMessage(CUDA_OOM, "serving-config", "", extra={"engine": "tgi", "limit": "prefill"})
