@@ -2348,7 +2348,7 @@ def _passed_again(ev: Evidence, tl: DeviceTimeline, call_of: dict[int, CallId], 
     and what came between came and went as a forward without gradients does. One forward's layers do
     not qualify: a later layer does not repeat the run's first allocation (the embedding, the input's
     cast), and one with gradients keeps its saved activations."""
-    restarts = _call_restarts(ev, tl, call_of).get(call_of[a])  # type: ignore[index]
+    restarts = _call_restarts(ev, tl, call_of).get(call_of[a])
     if not restarts:
         return False
     k = bisect_right(restarts, a)
