@@ -40,6 +40,7 @@ skipped; see ``triage.snapshot.frames``). Without stacks the verdict can stand o
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from rules.base import CANDIDATE, LEAD, LIKELY, STRONG, Finding
@@ -54,6 +55,7 @@ from triage.evidence import (
     regrown_across_calls,
     regrown_blocks,
     released_after_calls,
+    store_turnover,
     stored_since_steps,
     trace_cycles,
     turning_window,
@@ -149,6 +151,14 @@ def _lead(ev: Evidence, f: Finding) -> None:
     )
 
 
+# a function named for evaluation, validation, testing or prediction (Lightning's validation_step, HF's
+# prediction_step and evaluation_loop, a script's evaluate): it runs the model and no backward
+_RE_EVAL_NAME = re.compile(
+    r"(?:^|_)(?:eval|evaluate|evaluation|validate|validation|val|test|predict|prediction|inference|infer)(?:_|$)",
+    re.IGNORECASE,
+)
+
+
 def _steps_since_last(ev: Evidence, leak: Survivors) -> int:
     """Steps the trace shows after the site's last survivor, when they are far more than the steps
     between its survivors (0 otherwise): the site filled and stopped, like a cache of one entry per
@@ -161,6 +171,10 @@ def _steps_since_last(ev: Evidence, leak: Survivors) -> int:
     end = ev.oom_entry.index if ev.oom_entry is not None else len(tl.levels) - 1
     first, last = idx[0], idx[-1]
     if last >= end:
+        return 0
+    if leak.cycles and end - last < 3 * (last - first) / leak.cycles:
+        # fewer entries since the last survivor than three of the site's own gaps take: the cycles the
+        # window shows are the ups and downs of the step under way (its layers), not steps without one
         return 0
     after = len(trace_cycles(tl.levels[last : end + 1], min_cycles=1))
     span = len(trace_cycles(tl.levels[first : last + 1], min_cycles=1))
@@ -219,7 +233,9 @@ def _turned_over(ev: Evidence, leak: Survivors) -> tuple[int, int, int] | None:
     if reached is None:
         return None
     since = len(counts) - 1 - reached
-    return (final, since, max(counts)) if since >= final else None
+    # early: it has held that many for most of what it made since it first did (a count that climbed
+    # through the trace and levels only among the step under way's own temporaries is still climbing)
+    return (final, since, max(counts)) if since >= max(final, reached) else None
 
 
 def _lead_by_growth(ev: Evidence, f: Finding) -> None:
@@ -501,17 +517,32 @@ def _evaluate(ev: Evidence) -> Finding | None:
     unsure = kept_graphs(ev, unproven=True) if leak is None and not trend_growing and graphs is None else None
     if unsure is not None:
         kc, peak = unsure  # unproven: no optimizer step came after them, so an earlier peak is what convicts
+        against = (
+            f"the earlier steps peaked at {human(peak)}"
+            if peak is not None
+            else f"without them this moment needed {human((ev.needed_bytes or 0) - kc.kept_bytes)}, which fitted"
+        )
         f.facts.append(
             f"{kc.blocks} blocks, {human(kc.bytes)}, allocated in {kc.calls} earlier calls of the model at "
-            f"{kc.call.label} are still alive{_older(kc)}, and the earlier steps peaked at {human(peak or 0)}: outputs kept with "
+            f"{kc.call.label} are still alive{_older(kc)}, and {against}: outputs kept with "
             "their autograd graphs (a validation loop without `torch.no_grad()`), unless every step runs the "
             "model that many times before one backward."
         )
-        f.missing.append(
-            "an allocator trace that reaches back into the steps before these calls (a larger "
-            "history_max_entries): whether this line held its calls at every step"
-        )
         f.score = LEAD
+        if _RE_EVAL_NAME.search(kc.call.name):
+            # a step that sums its calls for one backward is a training step; a loop named for evaluation
+            # or prediction runs no backward, so nothing should keep its calls' graphs
+            f.facts.append(
+                f"The calls are made in `{kc.call.name}`, an evaluation or prediction loop by its name: it runs "
+                "no backward, so nothing there should keep a graph."
+            )
+            f.leak_site = kc.call.to_dict()
+            f.score = LIKELY
+        else:
+            f.missing.append(
+                "an allocator trace that reaches back into the steps before these calls (a larger "
+                "history_max_entries): whether this line held its calls at every step"
+            )
     elif graphs is not None:
         kc, peak = graphs
         f.facts[:0] = [
@@ -657,6 +688,17 @@ def _evaluate(ev: Evidence) -> Finding | None:
             )
             f.missing.append(
                 "live memory per step (the collector's step samples): a bank that ages out levels off, a leak does not"
+            )
+            f.score = min(f.score, BOUNDED)
+        elif trend is None and (gone := store_turnover(ev, leak)) is not None:
+            f.facts.append(
+                f"But while it made them, {gone[0]} blocks older than the trace, {human(gone[1])}, of the sizes it "
+                "makes, were freed now and again: a store whose entries come and go (per-request caches freed "
+                "as requests finish, a window moving on), not a pile that only grows."
+            )
+            f.missing.append(
+                "live memory per step (the collector's step samples): a store that turns over levels off, a "
+                "leak does not"
             )
             f.score = min(f.score, BOUNDED)
         elif trend is None and (quiet := _steps_since_last(ev, leak)):

@@ -2009,7 +2009,8 @@ def growing_request(ev: Evidence) -> tuple[int, int, int] | None:
 
 def accumulating_site(ev: Evidence) -> Survivors | None:
     """The largest user site that keeps adding (``Survivors.accumulating``) and holds at least
-    ``ACCUMULATING_SHARE`` of live memory at the OOM; without step samples, which could settle it."""
+    ``ACCUMULATING_SHARE`` of live memory at the OOM; without step samples, which could settle it. A site
+    whose older blocks went as its new ones came (``store_turnover``) does not keep adding: it turns over."""
     if ev.steps or not ev.allocated_bytes:
         return None
     grown = [
@@ -2018,8 +2019,53 @@ def accumulating_site(ev: Evidence) -> Survivors | None:
         if s.accumulating
         and s.stats.site.kind == "user"
         and s.stats.bytes >= ACCUMULATING_SHARE * ev.allocated_bytes
+        and store_turnover(ev, s) is None
     ]
     return max(grown, key=lambda s: s.stats.bytes) if grown else None
+
+
+TURNED_OVER_SHARE = 0.2  # of the bytes a site made in the trace: older blocks of its sizes freed meanwhile
+TURNED_OVER_GAPS = 2  # ... between different pairs of its blocks: entries leaving now and again, not one step
+
+
+def store_turnover(ev: Evidence, sv: Survivors) -> tuple[int, int] | None:
+    """(blocks, bytes) of blocks older than the trace freed after the site's first block in it, sized
+    within the range of the blocks the site made in the trace, when they are ``TURNED_OVER_SHARE`` of
+    what the site made in it or more and were freed between different pairs of its blocks
+    (``TURNED_OVER_GAPS``): a store whose entries come and go (an inference server's per-request caches,
+    finished requests' freed now and again as new ones are admitted), not a pile that only grows. Read by
+    size because a free's stack, when torch records one, is where the tensor died, not where it was made:
+    an older block's own line is not in the trace. A leak frees nothing it kept; the step in flight when
+    the trace began frees its older tensors once, between the site's first block and its next."""
+    tl = next((t for t in ev.timelines if t.device in (sv.stats.devices or {0})), None)
+    idx = sv.stats.alloc_indices
+    if tl is None or not idx:
+        return None
+    raw = tl.raw
+    sizes = [z for i in idx if isinstance(z := raw[i].get("size"), int)]
+    if not sizes:
+        return None
+    lo, hi, made_bytes = min(sizes), max(sizes), sum(sizes)
+    action = "free_requested" if any(e.get("action") == "free_requested" for e in raw) else "free_completed"
+    made: set[Any] = set()
+    blocks = freed = 0
+    gaps: set[int] = set()
+    for i, e in enumerate(raw):
+        a = e.get("action")
+        if a == "alloc":
+            made.add(e.get("addr"))
+        elif (
+            a == action
+            and i > idx[0]
+            and e.get("addr") not in made
+            and isinstance(z := e.get("size"), int)
+            and lo <= z <= hi
+        ):
+            blocks += 1
+            freed += z
+            gaps.add(bisect_left(idx, i))
+    turned = len(gaps) >= TURNED_OVER_GAPS and freed >= TURNED_OVER_SHARE * made_bytes
+    return (blocks, freed) if turned else None
 
 
 DOMINANT_SHARE = 0.5  # of live memory held by one line that keeps adding: what filled the device

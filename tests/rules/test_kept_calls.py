@@ -142,9 +142,10 @@ def test_one_kept_call_is_not_enough() -> None:
 
 
 def test_without_the_steps_before_the_kept_calls_are_not_read_as_a_leak() -> None:
-    """The trace begins in the validation loop (a short ring buffer): nothing shows that this line did not
-    hold its calls at every step."""
-    d, ev = diagnose_snapshot(normalise(eval_after_training(steps=0, evals=6)))
+    """The trace begins in the calls (a short ring buffer), made in a training step: nothing shows that
+    this line did not hold its calls at every step (micro-batches summed for one backward). Made in a loop
+    named for evaluation, they are read as a leak (tests/rules/test_stores_and_climbs.py)."""
+    d, ev = diagnose_snapshot(normalise(eval_after_training(steps=0, evals=6, call=line(95, "train_step"))))
     assert ev.kept_calls is not None and ev.kept_calls.freed_before == 0
     assert kept_graphs(ev) is None
     assert d.verdict != "tensor_leak"
