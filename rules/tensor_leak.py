@@ -54,6 +54,7 @@ from triage.evidence import (
     live_under_calls_before_trace,
     regrown_across_calls,
     regrown_blocks,
+    regrown_request,
     released_after_calls,
     store_turnover,
     stored_since_steps,
@@ -157,6 +158,21 @@ _RE_EVAL_NAME = re.compile(
     r"(?:^|_)(?:eval|evaluate|evaluation|validate|validation|val|test|predict|prediction|inference|infer)(?:_|$)",
     re.IGNORECASE,
 )
+
+
+def _keeping_frame(ev: Evidence) -> Site | None:
+    """The line that re-made the failing request's tensor: the innermost frame of its stack outside torch
+    itself (a library's gather, when the user's own frame only started the loop), else None."""
+    oom = ev.oom_entry
+    for fr in oom.frames if oom is not None else ():
+        if not isinstance(fr, dict):
+            continue
+        filename = str(fr.get("filename") or "")
+        if not filename.endswith(".py") or "/torch/" in filename:
+            continue
+        line = fr.get("line")
+        return Site(filename, line if isinstance(line, int) else 0, str(fr.get("name") or ""))
+    return None
 
 
 def _steps_since_last(ev: Evidence, leak: Survivors) -> int:
@@ -802,6 +818,25 @@ def _evaluate(ev: Evidence) -> Finding | None:
             f.actions.append(
                 f"At {st.site.label}: bound what is concatenated (keep the last N, or move it to the CPU with "
                 "`.cpu()`), or collect the pieces in a list and concatenate once at the end."
+            )
+        elif (rr := regrown_request(ev)) is not None:
+            n, smallest, req, passes, last_bytes = rr
+            frame = _keeping_frame(ev)
+            where = f" at {frame.label}" if frame is not None else ""
+            f.facts.append(
+                f"The failing {human(req)} request is the next re-make of one tensor{where}, re-made larger {n} "
+                f"times in the trace ({human(smallest)} → {human(req)}), each replacing the one before, with a "
+                f"whole pass through the model between re-makes {passes} times: every call's outputs "
+                f"concatenated onto one tensor on the device (`torch.cat`) and never moved off it. The last "
+                f"holds {human(last_bytes)} of the {human(ev.allocated_bytes or 0)} live at the OOM."
+            )
+            if frame is not None:
+                f.leak_site = frame.to_dict()
+            f.score = LIKELY
+            f.actions.append(
+                f"{'At ' + frame.label + ': m' if frame is not None else 'M'}ove what is gathered to the CPU as "
+                "it comes (`.cpu()`; with the HF Trainer, set `eval_accumulation_steps`), or keep only the "
+                "metrics you need instead of every output."
             )
         elif adding is not None:
             st = adding.stats

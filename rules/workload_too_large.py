@@ -70,6 +70,7 @@ from triage.evidence import (
     model_call,
     nothing_kept,
     regrown_across_calls,
+    regrown_request,
     stored_since_steps,
 )
 from triage.units import GiB, human
@@ -391,6 +392,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         and not any(s.cycles >= 3 and not s.bounded for s in ev.survivors)
         and not (trend is not None and trend.steps >= 3 and trend.growth_bytes > 0 and trend.never_falls)
         and regrown_across_calls(ev) is None
+        and regrown_request(ev) is None
         and filling_site(ev) is None
     ):
         # the history could have shown growth and did not

@@ -1944,18 +1944,6 @@ def regrown_across_calls(ev: Evidence) -> tuple[SiteStats, int, int, int, int] |
         return None
     raw = tl.raw
     call_of = _model_calls(ev, tl)
-
-    def model_pass(a: int, c: int) -> bool:
-        """Whether a block made inside a forward between entries a and c was freed before c."""
-        made: set[Any] = set()
-        for i in range(a + 1, c):
-            e = raw[i]
-            if i in call_of:
-                made.add(e.get("addr"))
-            elif e.get("action") in ("free_requested", "free_completed") and e.get("addr") in made:
-                return True
-        return False
-
     best: tuple[SiteStats, int, int, int, int] | None = None
     for st, idx in regrown_blocks(ev, REGROWN_CYCLES + 1):
         if st.bytes < REGROWN_SHARE * ev.allocated_bytes or (best is not None and st.bytes <= best[0].bytes):
@@ -1963,11 +1951,66 @@ def regrown_across_calls(ev: Evidence) -> tuple[SiteStats, int, int, int, int] |
         frames = raw[idx[-1]].get("frames") or []
         if model_call(ev.classifier, frames) is not None:
             continue
-        passes = sum(1 for a, c in itertools.pairwise(idx) if model_pass(a, c))
+        passes = sum(1 for a, c in itertools.pairwise(idx) if _model_pass(raw, call_of, a, c))
         if passes >= REGROWN_CYCLES:
             sizes = [raw[i]["size"] for i in idx]
             best = (st, len(idx), sizes[0], sizes[-1], passes)
     return best
+
+
+def _model_pass(raw: Sequence[Any], call_of: dict[int, CallId], a: int, c: int) -> bool:
+    """Whether a block made inside a forward between entries a and c was freed before c."""
+    made: set[Any] = set()
+    for i in range(a + 1, c):
+        e = raw[i]
+        if i in call_of:
+            made.add(e.get("addr"))
+        elif e.get("action") in ("free_requested", "free_completed") and e.get("addr") in made:
+            return True
+    return False
+
+
+def regrown_request(ev: Evidence) -> tuple[int, int, int, int, int] | None:
+    """(re-makes, first size, request, passes, live bytes) when the failing request is the next re-make of
+    one tensor rebuilt larger outside the model (``growing_request``, its stack in no forward), the last
+    re-make still alive (the tensor the request was to replace) and holding ``REGROWN_SHARE`` of live
+    memory or more, with a whole pass through the model between re-makes at least ``REGROWN_CYCLES``
+    times: every call's outputs concatenated onto one tensor on the device (an evaluation loop gathering
+    its predictions with ``torch.cat``), found even when the line that keeps it is a library's and the
+    user's own frame is the one that started the whole loop."""
+    grow = growing_request(ev)
+    tl, oom = ev.oom_timeline, ev.oom_entry
+    if grow is None or tl is None or oom is None or not ev.allocated_bytes:
+        return None
+    if model_call(ev.classifier, oom.frames) is not None:
+        return None  # a KV cache grown inside the forward
+    n = grow[0]
+    key = tuple(frame_key(f) for f in oom.frames if isinstance(f, dict))
+    raw = tl.raw
+    idx = [
+        i
+        for i in tl.alloc_indices
+        if i < oom.index
+        and (frames := raw[i].get("frames"))
+        and tuple(frame_key(f) for f in frames if isinstance(f, dict)) == key
+    ][-n:]
+    if len(idx) < REGROWN_CYCLES + 1:
+        return None
+    last = raw[idx[-1]]
+    freed = any(
+        e.get("action") in ("free_requested", "free_completed") and e.get("addr") == last.get("addr")
+        for e in itertools.islice(raw, idx[-1] + 1, oom.index)
+    )
+    size = last.get("size", 0)
+    if freed or not isinstance(size, int):
+        return None
+    if size < REGROWN_SHARE * ev.allocated_bytes:
+        return None
+    call_of = _model_calls(ev, tl)
+    passes = sum(1 for a, c in itertools.pairwise(idx) if _model_pass(raw, call_of, a, c))
+    if passes < REGROWN_CYCLES:
+        return None
+    return n, grow[1], grow[2], passes, size
 
 
 def growing_request(ev: Evidence) -> tuple[int, int, int] | None:

@@ -89,3 +89,77 @@ def test_too_few_re_makes_decide_nothing() -> None:
     d, ev = diagnose_snapshot(normalise(raw), message=message(raw))
     assert regrown_across_calls(ev) is None
     assert d.verdict != "tensor_leak", d.headline
+
+
+LIB = "/usr/lib/python3.11/site-packages/transformers"
+MAIN_LINE = line(63, "main")  # `trainer.evaluate()`: every allocation of the run is made under it
+GATHER = [
+    {"filename": f"{LIB}/trainer_pt_utils.py", "line": 98, "name": "torch_pad_and_concatenate"},
+    {"filename": f"{LIB}/trainer.py", "line": 3851, "name": "evaluation_loop"},
+    MAIN_LINE,
+]
+MODEL = [
+    {"filename": f"{LIB}/models/llama/modeling_llama.py", "line": 300, "name": "forward"},
+    *under(ENCODE, 30)[1:3],  # torch's module-call frames
+    {"filename": f"{LIB}/trainer.py", "line": 4100, "name": "prediction_step"},
+    MAIN_LINE,
+]
+LOAD = [{"filename": f"{LIB}/modeling_utils.py", "line": 900, "name": "from_pretrained"}, MAIN_LINE]
+
+
+def gathered(*, batches: int, inside: bool = False) -> dict[str, Any]:
+    """A library's evaluation loop run from one user line: the weights loaded under it, each batch a forward
+    (made and freed), then the logits gathered so far re-made larger by the library's ``torch.cat`` and the
+    old ones freed. The OOM is the next re-make."""
+    t = Trace(0)
+    for _ in range(3):
+        t.alloc(2 * GIB, LOAD)
+    frames = MODEL if inside else GATHER
+    size = 1 * GIB
+    held = t.alloc(size, frames)
+    for _ in range(batches):
+        acts = [t.alloc(256 * MiB, MODEL) for _ in range(6)]
+        for a in reversed(acts):
+            t.free(a)
+        size += 512 * MiB
+        new = t.alloc(size, frames)
+        t.free(held)
+        held = new
+    t.entries.append(
+        {
+            "action": "oom",
+            "addr": 0,
+            "size": size + 512 * MiB,
+            "stream": 0,
+            "device_free": 0,
+            "frames": frames,
+        }
+    )
+    return {"segments": t.segments(), "device_traces": [t.entries]}
+
+
+def test_a_librarys_gather_re_made_between_calls_is_a_leak_named_at_its_line() -> None:
+    """The user's one frame started the whole run, so the gathered logits share their site with the
+    weights: the failing request's own stack shows the re-makes, and the line named is the library's."""
+    from triage.evidence import regrown_request
+
+    raw = gathered(batches=10)
+    d, ev = diagnose_snapshot(normalise(raw), message=message(raw))
+    assert regrown_across_calls(ev) is None  # the site holds the weights too
+    got = regrown_request(ev)
+    assert got is not None and got[0] >= 8 and got[3] >= 8
+    assert d.verdict == "tensor_leak", d.headline
+    assert d.leak_site is not None and (d.leak_site["line"], d.leak_site["name"]) == (
+        98,
+        "torch_pad_and_concatenate",
+    )
+    assert any("eval_accumulation_steps" in a for a in d.actions)
+
+
+def test_the_same_re_makes_inside_the_forward_are_a_cache_the_call_grows() -> None:
+    from triage.evidence import regrown_request
+
+    raw = gathered(batches=10, inside=True)
+    d, ev = diagnose_snapshot(normalise(raw), message=message(raw))
+    assert regrown_request(ev) is None
+    assert d.verdict != "tensor_leak", d.headline
