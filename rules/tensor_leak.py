@@ -276,15 +276,63 @@ def _lead_by_growth(ev: Evidence, f: Finding) -> None:
         and (not ev.has_trace or st.traced <= 0.5 * st.count)
         and not _loads_weights(st)
     ]
-    if len(matches) != 1:
-        return
-    st = matches[0]
-    f.leak_site = st.site.to_dict()
     older = " (most of them from before the trace began)" if ev.has_trace else ""
+    if len(matches) == 1:
+        st = matches[0]
+        f.leak_site = st.site.to_dict()
+        f.facts.append(
+            f"{st.count} blocks, {human(st.bytes)}, allocated at {st.site.label} are alive{older}: as much as "
+            f"live memory grew over the {trend.steps} sampled steps ({human(grown)})."
+        )
+        return
+    if matches:
+        return
+    # several tensors kept at every step from one function (a loss's intermediates held by the graph of a
+    # running total): no one line holds the growth, the lines one caller runs do together
+    groups: dict[Site, list[SiteStats]] = {}
+    for st in ev.sites:
+        if (
+            st.site.kind == "user"
+            and not _elsewhere(ev, st)
+            and (not ev.has_trace or st.traced <= 0.5 * st.count)
+            and not _loads_weights(st)
+            and (caller := _caller(ev, st)) is not None
+        ):
+            groups.setdefault(caller, []).append(st)
+    fits = [
+        (caller, sts)
+        for caller, sts in groups.items()
+        if len(sts) >= 2
+        and sum(st.count for st in sts) >= 3
+        and 0.8 * grown <= sum(st.bytes for st in sts) <= 1.5 * grown
+    ]
+    if len(fits) != 1:
+        return
+    caller, sts = fits[0]
+    f.leak_site = caller.to_dict()
+    lines = ", ".join(st.site.label for st in sorted(sts, key=lambda st: -st.bytes))
     f.facts.append(
-        f"{st.count} blocks, {human(st.bytes)}, allocated at {st.site.label} are alive{older}: as much as "
-        f"live memory grew over the {trend.steps} sampled steps ({human(grown)})."
+        f"{sum(st.count for st in sts)} blocks, {human(sum(st.bytes for st in sts))}, allocated at {lines}, all "
+        f"called from {caller.label}, are alive{older}: together as much as live memory grew over the "
+        f"{trend.steps} sampled steps ({human(grown)})."
     )
+
+
+def _caller(ev: Evidence, st: SiteStats) -> Site | None:
+    """The user line that called the function the site's line is in: the next user frame out."""
+    frames = [fr for fr in st.stack if isinstance(fr, dict)]
+    seen = False
+    for fr in frames:
+        if not ev.classifier.classify(fr)[1]:
+            continue
+        if not seen:
+            seen = True  # the site's own frame
+            continue
+        line = fr.get("line")
+        return Site(
+            str(fr.get("filename") or ""), line if isinstance(line, int) else 0, str(fr.get("name") or "")
+        )
+    return None
 
 
 # frames of loading a model's weights onto the device: what they allocate was there before any step

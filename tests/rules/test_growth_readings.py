@@ -1,0 +1,115 @@
+"""Two readings of the collector's step samples beside a snapshot.
+
+- The steps prove a leak, the trace is too short to show a site's blocks crossing steps, and no one line
+  holds the growth: three lines of one loss function each keep a tensor per step (its intermediates, held
+  by the graph of a running total). Together, called from one line, they hold what live memory grew by:
+  that caller is named.
+- Steps of varying size (lengths padded per batch) and holes in the cache: a step that, unfinished,
+  already wanted more than every one of many steps before it is the largest yet; that its peak would fit
+  packed is not known, so the holes do not decide it. A step no larger than the earlier ones fails on
+  the holes.
+
+Bundles are the collector's (tests/rules/rawsnap.py), snapshots as torch writes them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rules import fragmentation
+from rules.base import POSSIBLE
+from tests.rules.rawsnap import MiB, Trace, bundle, one_block_segment, segment_with_hole
+from triage.pipeline import diagnose_bundle
+
+GIB = 1024 * MiB
+TRAIN = {"filename": "/w/train.py", "line": 142, "name": "train_step"}
+MAIN = {"filename": "/w/train.py", "line": 313, "name": "main"}
+ACT = [{"filename": "/w/model.py", "line": 30, "name": "forward"}, TRAIN, MAIN]
+
+
+def kl_line(no: int) -> list[dict[str, Any]]:
+    return [{"filename": "/w/losses.py", "line": no, "name": "kl"}, TRAIN, MAIN]
+
+
+def kept_by_one_caller(*, lines: tuple[int, ...]) -> dict[str, Any]:
+    """20 sampled steps, live memory growing 768 MiB a step; at the OOM, 20 blocks of 768 MiB split over
+    ``lines`` of losses.py, all older than the trace, which holds only the failing step's activations."""
+    segments = []
+    addr = 1 << 40
+    for k in range(20):
+        addr += 1 << 32
+        segments.append(one_block_segment(0, addr, 768 * MiB, kl_line(lines[k % len(lines)])))
+    addr += 1 << 32
+    segments.append(
+        one_block_segment(0, addr, 8 * GIB, [{"filename": "/w/train.py", "line": 90, "name": "main"}])
+    )
+    t = Trace(0)
+    for _ in range(4):
+        t.alloc(512 * MiB, ACT)
+    t.entries.append(
+        {"action": "oom", "addr": 0, "size": 1024 * MiB, "stream": 0, "device_free": 0, "frames": ACT}
+    )
+    raw = {"segments": segments + t.segments(), "device_traces": [t.entries]}
+    timeline = [
+        {
+            "step": k + 1,
+            "allocated_bytes": 8 * GIB + k * 768 * MiB,
+            "peak_allocated_bytes": 10 * GIB + k * 768 * MiB,
+        }
+        for k in range(20)
+    ]
+    return bundle(raw, step=21, timeline=timeline, batch_size=4)
+
+
+def test_lines_one_caller_runs_that_together_hold_the_growth_name_the_caller() -> None:
+    d, _ = diagnose_bundle(kept_by_one_caller(lines=(22, 23, 24)))
+    assert d.verdict == "tensor_leak", d.headline
+    assert d.leak_site is not None and (d.leak_site["filename"], d.leak_site["line"]) == ("/w/train.py", 142)
+    assert any("all called from train.py:142 in train_step" in e.fact for e in d.evidence)
+
+
+def test_one_line_that_holds_the_growth_is_named_itself() -> None:
+    d, _ = diagnose_bundle(kept_by_one_caller(lines=(22,)))
+    assert d.verdict == "tensor_leak", d.headline
+    assert d.leak_site is not None and (d.leak_site["filename"], d.leak_site["line"]) == ("/w/losses.py", 22)
+
+
+def varying_steps(*, last_peak_gib: float) -> dict[str, Any]:
+    """30 steps whose peaks vary with the batch's padded length (20 to ``last_peak_gib`` GiB, flat between
+    steps), then a step that fails on a 2 GiB request while 6 GiB sits free in holes of 1 GiB: the job
+    held 40 GiB, the device has 1 GiB free."""
+    segments = []
+    addr = 1 << 40
+    for _ in range(6):
+        addr += 1 << 33
+        segments.append(segment_with_hole(0, addr, 5 * GIB, 1 * GIB, ACT))
+    addr += 1 << 33
+    segments.append(one_block_segment(0, addr, 10 * GIB, ACT))
+    t = Trace(0)
+    t.entries.append(
+        {"action": "oom", "addr": 0, "size": 2 * GIB, "stream": 0, "device_free": 1 * GIB, "frames": ACT}
+    )
+    raw = {"segments": segments, "device_traces": [t.entries]}
+    peaks = [20 + (last_peak_gib - 20) * ((k * 7) % 30) / 29 for k in range(30)]
+    timeline = [
+        {"step": k + 1, "allocated_bytes": 12 * GIB, "peak_allocated_bytes": int(p * GIB)}
+        for k, p in enumerate(peaks)
+    ]
+    b = bundle(raw, step=31, timeline=timeline, batch_size=8)
+    b["device"]["free_bytes"] = 1 * GIB
+    return b
+
+
+@pytest.mark.parametrize(("last_peak_gib", "decided"), [(41, False), (44, True)])
+def test_the_largest_step_yet_is_not_decided_by_the_holes(last_peak_gib: float, decided: bool) -> None:
+    """The failing step wanted 42 GiB (40 held, 2 asked). Earlier peaks up to 41 GiB: it is the largest yet,
+    above every one of 30 before it. Up to 44 GiB: steps as large ran before, and the holes decided it."""
+    d, ev = diagnose_bundle(varying_steps(last_peak_gib=last_peak_gib))
+    assert ev.needed_bytes == 42 * GIB
+    f = fragmentation.evaluate(ev)
+    assert f is not None
+    assert (f.score > POSSIBLE) is decided
+    assert any("the largest step yet" in s for s in f.facts) is not decided
+    assert (d.verdict == "fragmentation") is decided, d.headline
