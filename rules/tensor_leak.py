@@ -40,6 +40,7 @@ skipped; see ``triage.snapshot.frames``). Without stacks the verdict can stand o
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import TYPE_CHECKING
 
@@ -67,6 +68,7 @@ from triage.units import GiB, MiB, human
 if TYPE_CHECKING:
     from triage.evidence import Evidence, KeptCalls, StepSample, StepTrend, Survivors
     from triage.snapshot.sites import SiteStats
+    from triage.snapshot.timeline import DeviceTimeline
 
 ID = "tensor_leak"
 VERDICT = "tensor_leak"
@@ -365,6 +367,25 @@ def _lead_by_regrowth(ev: Evidence, f: Finding) -> None:
         if st.bytes >= 0.5 * trend.growth_bytes and (best is None or st.bytes > best[0].bytes):
             best = (st, idx)
     if best is None:
+        # a trace too short for a run of re-makes: the site's one block made in it, and at once an older,
+        # smaller block freed (the tensor it was concatenated from, made before the trace)
+        once = [
+            (st, old)
+            for st in ev.sites
+            if st.site.kind == "user"
+            and st.count == 1
+            and st.traced == 1
+            and st.bytes >= 0.5 * trend.growth_bytes
+            and (old := _replaced_older(tl, st)) is not None
+        ]
+        if once:
+            st, old = max(once, key=lambda x: x[0].bytes)
+            f.leak_site = st.site.to_dict()
+            f.facts.append(
+                f"Its one block at {st.site.label}, {human(st.bytes)}, was made in the trace and at once a "
+                f"{human(old)} block older than the trace was freed: a tensor concatenated onto itself "
+                "(`buf = torch.cat([buf, new])`) at every step and never trimmed."
+            )
         return
     st, idx = best
     f.leak_site = st.site.to_dict()
@@ -373,6 +394,32 @@ def _lead_by_regrowth(ev: Evidence, f: Finding) -> None:
         f"({human(tl.raw[idx[0]]['size'])} → {human(tl.raw[idx[-1]]['size'])}), each freeing the one before: "
         "a tensor concatenated onto itself (`buf = torch.cat([buf, new])`) and never trimmed."
     )
+
+
+REPLACED_WITHIN = 8  # trace entries after a block is made within which the tensor it replaced is freed
+
+
+def _replaced_older(tl: DeviceTimeline, st: SiteStats) -> int | None:
+    """The size of a block older than the trace freed within ``REPLACED_WITHIN`` entries after the site's
+    one traced block was made, and at least half its size but smaller: the tensor it was concatenated from."""
+    if not st.alloc_indices:
+        return None
+    i = st.alloc_indices[-1]
+    raw = tl.raw
+    size = raw[i].get("size")
+    if not isinstance(size, int):
+        return None
+    made = {e.get("addr") for e in itertools.islice(raw, i + 1) if e.get("action") == "alloc"}
+    for e in itertools.islice(raw, i + 1, i + 1 + REPLACED_WITHIN):
+        z = e.get("size")
+        if (
+            e.get("action") in ("free_requested", "free_completed")
+            and e.get("addr") not in made
+            and isinstance(z, int)
+            and 0.5 * size <= z < size
+        ):
+            return z
+    return None
 
 
 def _lead_by_calls(ev: Evidence, f: Finding) -> None:

@@ -113,3 +113,50 @@ def test_the_largest_step_yet_is_not_decided_by_the_holes(last_peak_gib: float, 
     assert (f.score > POSSIBLE) is decided
     assert any("the largest step yet" in s for s in f.facts) is not decided
     assert (d.verdict == "fragmentation") is decided, d.headline
+
+
+METRIC = [{"filename": "/w/metrics.py", "line": 36, "name": "update"}, TRAIN, MAIN]
+
+
+def concatenated_state(*, replaced: bool) -> dict[str, Any]:
+    """30 sampled steps, live memory growing 64 MiB a step; a trace of the last step only: a metric's state
+    re-made 64 MiB larger by ``torch.cat`` (with ``replaced``, the older, smaller state freed at once)."""
+    older = 1 << 41
+    segments = [
+        one_block_segment(0, 1 << 40, 6 * GIB, [{"filename": "/w/train.py", "line": 90, "name": "main"}])
+    ]
+    t = Trace(0)
+    acts = [t.alloc(256 * MiB, ACT) for _ in range(4)]
+    state = 30 * 64 * MiB
+    t.alloc(state, METRIC)
+    if replaced:
+        for action in ("free_requested", "free_completed"):
+            t.entries.append({"action": action, "addr": older, "size": state - 64 * MiB, "stream": 0})
+    else:
+        segments.append(one_block_segment(0, older, state - 64 * MiB, []))
+    for a in acts:
+        t.free(a)
+    t.entries.append(
+        {"action": "oom", "addr": 0, "size": 1024 * MiB, "stream": 0, "device_free": 0, "frames": ACT}
+    )
+    raw = {"segments": segments + t.segments(), "device_traces": [t.entries]}
+    timeline = [
+        {
+            "step": k + 1,
+            "allocated_bytes": 6 * GIB + k * 64 * MiB,
+            "peak_allocated_bytes": 7 * GIB + k * 64 * MiB,
+        }
+        for k in range(30)
+    ]
+    return bundle(raw, step=31, timeline=timeline, batch_size=4)
+
+
+@pytest.mark.parametrize("replaced", [True, False])
+def test_a_state_re_made_once_in_a_short_trace_is_named_when_it_replaced_an_older_one(replaced: bool) -> None:
+    d, _ = diagnose_bundle(concatenated_state(replaced=replaced))
+    assert d.verdict == "tensor_leak", d.headline
+    named = d.leak_site is not None and (d.leak_site["filename"], d.leak_site["line"]) == (
+        "/w/metrics.py",
+        36,
+    )
+    assert named is replaced
