@@ -62,7 +62,6 @@ HOLES_SHARE = 0.1  # ... and are this share of what the job could hold at least
 # a step far above the earlier peaks (UNLIKE_EARLIER) is a new demand; so is one this much above them when
 # that is beyond the whole range the earlier peaks spanned
 BEYOND_EARLIER = 1.05
-MANY_PEAKS = 20  # earlier steps' peaks: a step above all of them is the largest yet, not one of their kind
 
 
 def evaluate(ev: Evidence) -> Finding | None:
@@ -268,15 +267,6 @@ def evaluate(ev: Evidence) -> Finding | None:
                 "finished: a step unlike the earlier ones, which may not fit at all, packed or not."
             )
             f.score = min(f.score, LEAD)
-        elif needed > before and len(peaks) >= MANY_PEAKS:
-            # steps of varying size (lengths padded per batch): this one, not finished, already wanted more
-            # than every one of many before it — the largest yet, whose peak is not known to fit
-            f.facts.append(
-                f"At the OOM this step already wanted {human(needed)}, more than any of the {len(peaks)} earlier "
-                f"steps peaked at ({human(min(peaks))}–{human(before)}), and it had not finished: the largest "
-                "step yet, which may not fit at all, packed or not."
-            )
-            f.score = min(f.score, POSSIBLE)
     adding = accumulating_site(ev)
     if adding is not None:
         f.facts.append(

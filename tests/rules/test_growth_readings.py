@@ -4,10 +4,8 @@
   holds the growth: three lines of one loss function each keep a tensor per step (its intermediates, held
   by the graph of a running total). Together, called from one line, they hold what live memory grew by:
   that caller is named.
-- Steps of varying size (lengths padded per batch) and holes in the cache: a step that, unfinished,
-  already wanted more than every one of many steps before it is the largest yet; that its peak would fit
-  packed is not known, so the holes do not decide it. A step no larger than the earlier ones fails on
-  the holes.
+- Steps of varying size (lengths padded per batch) and holes in the cache: a step a little larger than
+  every one before it still fails on the holes.
 
 Bundles are the collector's (tests/rules/rawsnap.py), snapshots as torch writes them.
 """
@@ -102,17 +100,19 @@ def varying_steps(*, last_peak_gib: float) -> dict[str, Any]:
     return b
 
 
-@pytest.mark.parametrize(("last_peak_gib", "decided"), [(41, False), (44, True)])
-def test_the_largest_step_yet_is_not_decided_by_the_holes(last_peak_gib: float, decided: bool) -> None:
-    """The failing step wanted 42 GiB (40 held, 2 asked). Earlier peaks up to 41 GiB: it is the largest yet,
-    above every one of 30 before it. Up to 44 GiB: steps as large ran before, and the holes decided it."""
+@pytest.mark.parametrize("last_peak_gib", [41, 44])
+def test_a_step_a_little_above_varying_earlier_ones_is_still_decided_by_the_holes(
+    last_peak_gib: float,
+) -> None:
+    """The failing step wanted 42 GiB (40 held, 2 asked). Earlier peaks from 20 GiB up to 41 or 44 GiB: a
+    varying workload fails on its holes at a step a little larger than any before as often as at one no
+    larger (capping the holes there cost fragmentation cases of the scenario set their verdict), so only a
+    step far above the earlier ones, or above them by more than they ever varied, leaves it undecided."""
     d, ev = diagnose_bundle(varying_steps(last_peak_gib=last_peak_gib))
     assert ev.needed_bytes == 42 * GIB
     f = fragmentation.evaluate(ev)
-    assert f is not None
-    assert (f.score > POSSIBLE) is decided
-    assert any("the largest step yet" in s for s in f.facts) is not decided
-    assert (d.verdict == "fragmentation") is decided, d.headline
+    assert f is not None and f.score > POSSIBLE
+    assert d.verdict == "fragmentation", d.headline
 
 
 METRIC = [{"filename": "/w/metrics.py", "line": 36, "name": "update"}, TRAIN, MAIN]
