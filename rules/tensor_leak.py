@@ -53,6 +53,7 @@ from triage.evidence import (
     kept_graphs,
     live_under_calls,
     live_under_calls_before_trace,
+    per_step_blocks,
     regrown_across_calls,
     regrown_blocks,
     regrown_request,
@@ -933,6 +934,18 @@ def _evaluate(ev: Evidence) -> Finding | None:
                 "it comes (`.cpu()`; with the HF Trainer, set `eval_accumulation_steps`), or keep only the "
                 "metrics you need instead of every output."
             )
+        elif (per_step := per_step_blocks(ev)) is not None:
+            kept_at, n, size = per_step
+            f.facts.append(
+                f"{n} blocks of {human(size)}, {human(n * size)}, allocated at {kept_at.label} are alive at step "
+                f"{ev.step}: one kept at every step (a loss or an output appended to a list, with or without "
+                "its graph), never released."
+            )
+            f.missing.append(
+                "live memory after each step (the collector's step samples): whether it kept growing"
+            )
+            f.leak_site = kept_at.to_dict()
+            f.score = LIKELY
         elif adding is not None:
             st = adding.stats
             f.facts.append(

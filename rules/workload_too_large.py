@@ -69,6 +69,7 @@ from triage.evidence import (
     live_under_calls,
     model_call,
     nothing_kept,
+    per_step_blocks,
     regrown_across_calls,
     regrown_request,
     stored_since_steps,
@@ -393,6 +394,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         and not (trend is not None and trend.steps >= 3 and trend.growth_bytes > 0 and trend.never_falls)
         and regrown_across_calls(ev) is None
         and regrown_request(ev) is None
+        and per_step_blocks(ev) is None
         and filling_site(ev) is None
     ):
         # the history could have shown growth and did not

@@ -2111,6 +2111,54 @@ def store_turnover(ev: Evidence, sv: Survivors) -> tuple[int, int] | None:
     return (blocks, freed) if turned else None
 
 
+PER_STEP_MIN = 8  # steps (and blocks) before a count of kept blocks can match the job's step
+PER_STEP_SLACK = (
+    0.1  # of the step: how far the count may be from it (steps counted from 0 or 1, the failing one)
+)
+
+
+def per_step_blocks(ev: Evidence) -> tuple[Site, int, int] | None:
+    """(site, blocks, block size) when one user line holds as many live blocks of one size as the job has
+    run steps (within ``PER_STEP_SLACK``), and they are ``ACCUMULATING_SHARE`` of live memory or more: one
+    tensor kept at every step (a loss or the logits appended to a list), read off the snapshot alone when
+    neither step samples nor a trace that reaches back show the steps. Weights and optimizer state come in
+    one per parameter, of many sizes, and a step's own activations of one size come in one per layer:
+    neither follows the step count."""
+    step = ev.step
+    if ev.snapshot is None or step is None or step < PER_STEP_MIN or not ev.allocated_bytes or ev.steps:
+        return None
+    tl = ev.oom_timeline
+    device = tl.device if tl is not None else None
+    live_idx = tl.live_alloc_index if tl is not None else {}
+    raw = tl.raw if tl is not None else []
+    counts: dict[tuple[Site, int], int] = {}
+    for seg in ev.snapshot.segments:
+        if device is not None and seg.device != device:
+            continue
+        for b in seg.blocks:
+            if b.state != "active_allocated":
+                continue
+            frames = b.frames
+            if not frames and (i := live_idx.get(b.address)) is not None:
+                frames = raw[i].get("frames") or []
+            if not frames:
+                continue
+            site = ev.classifier.site(frames)
+            if site.kind != "user":
+                continue
+            counts[(site, b.size)] = counts.get((site, b.size), 0) + 1
+    best: tuple[Site, int, int] | None = None
+    for (site, size), n in counts.items():
+        if (
+            n >= PER_STEP_MIN
+            and abs(n - step) <= max(2, PER_STEP_SLACK * step)
+            and n * size >= ACCUMULATING_SHARE * ev.allocated_bytes
+            and (best is None or n * size > best[1] * best[2])
+        ):
+            best = (site, n, size)
+    return best
+
+
 DOMINANT_SHARE = 0.5  # of live memory held by one line that keeps adding: what filled the device
 DOMINANT_COUNT = 8  # blocks it holds: added over many steps, not a few buffers
 

@@ -160,3 +160,39 @@ def test_a_state_re_made_once_in_a_short_trace_is_named_when_it_replaced_an_olde
         36,
     )
     assert named is replaced
+
+
+LOGITS = [{"filename": "/w/trainer_ext.py", "line": 48, "name": "compute_loss"}, MAIN]
+
+
+def kept_per_step(*, step: int, kept: int) -> dict[str, Any]:
+    """A bundle without step samples at ``step``: ``kept`` logits blocks of 126 MiB at one line, older than
+    a trace of the failing step alone, whose activations (of several sizes) come from the same line."""
+    segments = [
+        one_block_segment(0, 1 << 40, 8 * GIB, [{"filename": "/w/train.py", "line": 90, "name": "main"}])
+    ]
+    addr = 1 << 41
+    for _ in range(kept):
+        addr += 1 << 30
+        segments.append(one_block_segment(0, addr, 126 * MiB, LOGITS))
+    t = Trace(0)
+    for k in range(6):
+        t.alloc((40 + 8 * k) * MiB, LOGITS)
+    t.entries.append(
+        {"action": "oom", "addr": 0, "size": 250 * MiB, "stream": 0, "device_free": 0, "frames": LOGITS}
+    )
+    raw = {"segments": segments + t.segments(), "device_traces": [t.entries]}
+    return bundle(raw, step=step, timeline=[], batch_size=4)
+
+
+@pytest.mark.parametrize(("step", "named"), [(236, True), (240, True), (900, False), (12, False)])
+def test_as_many_blocks_of_one_size_at_one_line_as_steps_run_is_one_kept_per_step(
+    step: int, named: bool
+) -> None:
+    """236 blocks of the logits' size at the line that computes the loss, at step 236 (or 240): one kept
+    per step. At step 900 or step 12 the count does not follow the steps: the snapshot alone decides nothing."""
+    d, _ = diagnose_bundle(kept_per_step(step=step, kept=236))
+    assert (d.verdict == "tensor_leak") is named, d.headline
+    if named:
+        assert d.leak_site is not None and d.leak_site["line"] == 48
+        assert any("one kept at every step" in e.fact for e in d.evidence)
