@@ -945,6 +945,13 @@ def build_evidence(
         ev.accounting = account(snapshot)
         ev.timelines = replay(snapshot)
         ev.sites = live_sites(snapshot, ev.timelines, ev.classifier)
+    reason = _get(b, "k8s", "termination", "reason")
+    if reason == "Error" and _int(_get(b, "k8s", "termination", "exit_code")) == 137:
+        # the kubelet reports a kill in the container's memory cgroup as OOMKilled: SIGKILL with reason Error
+        # came from elsewhere (a preemption, a deadline, a runtime's stop past its grace period)
+        ev.other_killer = (
+            "Kubernetes: the container terminated with reason Error (not OOMKilled), exit code 137"
+        )
     texts = [
         t
         for t in (text, _get(b, "error", "message"), _get(b, "error", "traceback"))

@@ -198,3 +198,19 @@ def test_a_collector_bundle_of_a_refused_pinned_buffer() -> None:
     error["traceback"] = MODEL_TO_DEVICE
     _, ev = diagnose_bundle(bundle("cuda_oom", error, cgroup))
     assert ev.kind == "cuda_oom"
+
+
+@pytest.mark.parametrize(("reason", "verdict"), [("OOMKilled", "host_memory_limit"), ("Error", "inconclusive")])
+def test_the_watchers_bundle_of_an_exit_137_by_its_termination_reason(reason: str, verdict: str) -> None:
+    """A pod the watcher saw end with exit code 137 and no collector: the kubelet calls a kill in the
+    container's memory cgroup ``OOMKilled``; with reason ``Error`` the SIGKILL came from elsewhere (a
+    preemption, a deadline, a stop past its grace period), so the pod's memory limit is not the answer.
+    Built from the pod object the Kubernetes API documents (tests/k8s/k8sobjects.py), no API server."""
+    from tests.k8s.k8sobjects import container_status, pod, terminated
+    from triage.k8s.watcher import build_bundle, terminations
+
+    p = pod("trainer-0", phase="Failed", statuses=[container_status(state=terminated(reason, 137))])
+    (term,) = terminations(p, ["trainer"])
+    d, ev = diagnose_bundle(build_bundle(p, None, term, "host_oom", log_text="step 8800 | loss 0.77\n"))
+    assert d.verdict == verdict, d.headline
+    assert (ev.other_killer is not None) is (reason == "Error")
