@@ -200,7 +200,9 @@ def test_a_collector_bundle_of_a_refused_pinned_buffer() -> None:
     assert ev.kind == "cuda_oom"
 
 
-@pytest.mark.parametrize(("reason", "verdict"), [("OOMKilled", "host_memory_limit"), ("Error", "inconclusive")])
+@pytest.mark.parametrize(
+    ("reason", "verdict"), [("OOMKilled", "host_memory_limit"), ("Error", "inconclusive")]
+)
 def test_the_watchers_bundle_of_an_exit_137_by_its_termination_reason(reason: str, verdict: str) -> None:
     """A pod the watcher saw end with exit code 137 and no collector: the kubelet calls a kill in the
     container's memory cgroup ``OOMKilled``; with reason ``Error`` the SIGKILL came from elsewhere (a
