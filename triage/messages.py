@@ -1414,6 +1414,15 @@ _RE_TRACEBACK_HEAD = re.compile(r"Traceback \(most recent call last\)")
 _RE_LOADING = re.compile(
     r"(?<![\w])(?:load(?:ing|ed)?|download(?:ing|ed)?|fetch(?:ing|ed)?|shards?)(?![\w])", re.I
 )
+# the bars of preparing the data, not of training: HF datasets' map/filter/tokenize passes, split
+# generation, hub downloads (a finished one says nothing about the first training step)
+_RE_DATA_BAR = re.compile(
+    r"(?<![\w])(?:Running tokenizer|Tokeniz(?:ing|e)|Map(?: \(num_proc=\d{1,4}\))?:|Filter(?: \(num_proc=\d{1,4}\))?:"
+    r"|Generating \w{1,20} split|Resolving data files|Grouping texts|Packing|Preprocessing)",
+    re.I,
+)
+# the HF Trainer's banner as training begins: bars before it were the setup's
+_RE_TRAINING_BANNER = re.compile(r"\*{3,} Running training \*{3,}")
 _SETUP_LOOKBACK = 400  # lines above an OOM searched for its traceback
 _PIN_LOOKBACK = 6  # lines above a CUDA error searched for the pinning frame it was raised in
 _SEMAPHORE_LOOKBACK = 12  # lines above an ENOSPC searched for the semaphore its traceback was creating
@@ -1478,11 +1487,15 @@ def first_step_bar(text: str, line_no: int | None, rank: int | None = None) -> s
     if i >= 0 and (head := _RE_TRACEBACK_HEAD.search(lines[i])) and head.start() > 0:
         # the bar the traceback was printed on ("0/9375 [00:00<?, ?it/s]Traceback …")
         before.append(lines[i][: head.start()])
+    # the bars before the trainer's banner were the setup's
+    banner = next((k for k in range(len(before) - 1, -1, -1) if _RE_TRAINING_BANNER.search(before[k])), -1)
     bar: str | None = None
-    for raw in before:
+    for raw in before[banner + 1 :]:
         if rank is not None and (g := _strip_line(raw).g) is not None and g != rank:
             continue
         for part in raw.split("\r") if "\r" in raw else (raw,):
+            if _RE_DATA_BAR.search(part) or _RE_LOADING.search(part):
+                continue  # preparing the data or loading the weights, not a training step
             m = _RE_BAR.search(part)
             e = _RE_EPOCH_NO.search(part)
             if (

@@ -98,6 +98,25 @@ def _bar_log(before: str) -> str:
         ("Epoch 3:   0%|          | 0/500 [00:00<?, ?it/s]\n", None),  # a later epoch's bar
         ("step 100 loss 2.1\n  0%|          | 0/50 [00:00<?, ?it/s]\n", None),  # training ran before
         ("loading shards\n", None),  # no bar at all
+        # bars of preparing the data and loading the weights are not training steps
+        (
+            "Running tokenizer on train dataset: 100%|██████████| 88/88 [01:12<00:00,  1.21ba/s]\n"
+            "Map (num_proc=8): 100%|██████████| 5000/5000 [00:03<00:00, 1500.00 examples/s]\n"
+            "Loading checkpoint shards: 100%|██████████| 4/4 [00:41<00:00, 10.33s/it]\n"
+            "  0%|          | 0/3694 [00:00<?, ?it/s]\n",
+            "0/3694",
+        ),
+        # whatever came before the HF Trainer's banner was the setup's
+        (
+            "100%|██████████| 88/88 [01:12<00:00,  1.21it/s]\n***** Running training *****\n"
+            "  Num examples = 88641\n  0%|          | 0/312 [00:00<?, ?it/s]\n",
+            "0/312",
+        ),
+        (
+            "***** Running training *****\n  0%|          | 0/312 [00:00<?, ?it/s]\r  2%|▏         | 5/312 "
+            "[00:09<09:00,  1.8s/it]\n",
+            None,
+        ),
     ],
 )
 def test_a_bar_still_at_zero_means_the_first_step(before: str, first: str | None) -> None:
