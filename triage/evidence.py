@@ -2119,9 +2119,9 @@ def store_turnover(ev: Evidence, sv: Survivors) -> tuple[int, int] | None:
 
 
 PER_STEP_MIN = 8  # steps (and blocks) before a count of kept blocks can match the job's step
-PER_STEP_SLACK = (
-    0.1  # of the step: how far the count may be from it (steps counted from 0 or 1, the failing one)
-)
+# how far the count may be from the step, as a share of it (steps are counted from 0 or from 1, with the
+# failing one or without)
+PER_STEP_SLACK = 0.1
 
 
 def per_step_blocks(ev: Evidence) -> tuple[Site, int, int] | None:
