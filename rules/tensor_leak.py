@@ -40,8 +40,8 @@ skipped; see ``triage.snapshot.frames``). Without stacks the verdict can stand o
 
 from __future__ import annotations
 
-import itertools
 import re
+from bisect import bisect_right
 from typing import TYPE_CHECKING
 
 from rules.base import CANDIDATE, LEAD, LIKELY, STRONG, Finding
@@ -53,6 +53,7 @@ from triage.evidence import (
     kept_graphs,
     live_under_calls,
     live_under_calls_before_trace,
+    older_block_frees,
     per_step_blocks,
     regrown_across_calls,
     regrown_blocks,
@@ -377,7 +378,7 @@ def _lead_by_regrowth(ev: Evidence, f: Finding) -> None:
             and st.count == 1
             and st.traced == 1
             and st.bytes >= 0.5 * trend.growth_bytes
-            and (old := _replaced_older(tl, st)) is not None
+            and (old := _replaced_older(ev, tl, st)) is not None
         ]
         if once:
             st, old = max(once, key=lambda x: x[0].bytes)
@@ -400,7 +401,7 @@ def _lead_by_regrowth(ev: Evidence, f: Finding) -> None:
 REPLACED_WITHIN = 8  # trace entries after a block is made within which the tensor it replaced is freed
 
 
-def _replaced_older(tl: DeviceTimeline, st: SiteStats) -> int | None:
+def _replaced_older(ev: Evidence, tl: DeviceTimeline, st: SiteStats) -> int | None:
     """The size of a block older than the trace freed within ``REPLACED_WITHIN`` entries after the site's
     one traced block was made, and at least half its size but smaller: the tensor it was concatenated from."""
     if not st.alloc_indices:
@@ -410,15 +411,12 @@ def _replaced_older(tl: DeviceTimeline, st: SiteStats) -> int | None:
     size = raw[i].get("size")
     if not isinstance(size, int):
         return None
-    made = {e.get("addr") for e in itertools.islice(raw, i + 1) if e.get("action") == "alloc"}
-    for e in itertools.islice(raw, i + 1, i + 1 + REPLACED_WITHIN):
-        z = e.get("size")
-        if (
-            e.get("action") in ("free_requested", "free_completed")
-            and e.get("addr") not in made
-            and isinstance(z, int)
-            and 0.5 * size <= z < size
-        ):
+    frees = older_block_frees(ev, tl)
+    for j in range(bisect_right(frees, i), len(frees)):
+        k = frees[j]
+        if k > i + REPLACED_WITHIN:
+            break
+        if isinstance(z := raw[k].get("size"), int) and 0.5 * size <= z < size:
             return z
     return None
 

@@ -573,10 +573,13 @@ class Evidence:
     freed_calls: int | None = None
     calls_by_device: dict[int, dict[int, CallId]] = field(default_factory=dict, repr=False)
     call_restarts_by_device: dict[int, dict[CallId, list[int]]] = field(default_factory=dict, repr=False)
+    older_frees_by_device: dict[int, list[int]] = field(default_factory=dict, repr=False)
     under_calls: dict[tuple[Any, Any, Any], tuple[int, int]] | None = field(default=None, repr=False)
     older_blocks: OlderBlocks | None = field(default=None, repr=False)
     site_allocs: dict[tuple[int, Site], list[int]] | None = field(default=None, repr=False)
     aligned: AlignedStep | bool | None = field(default=False, repr=False)  # False: not worked out yet
+    # the failing request's run of re-makes (``_request_run``); False: not worked out yet
+    request_run: tuple[list[int], list[int], int] | bool | None = field(default=False, repr=False)
     oom_entry: TraceEntry | None = None
     oom_timeline: DeviceTimeline | None = None
     shm_total_bytes: int | None = None
@@ -1986,23 +1989,16 @@ def regrown_request(ev: Evidence) -> tuple[int, int, int, int, int] | None:
     its predictions with ``torch.cat``), found even when the line that keeps it is a library's and the
     user's own frame is the one that started the whole loop."""
     grow = growing_request(ev)
+    run = _request_run(ev)
     tl, oom = ev.oom_timeline, ev.oom_entry
-    if grow is None or tl is None or oom is None or not ev.allocated_bytes:
+    if grow is None or run is None or tl is None or oom is None or not ev.allocated_bytes:
         return None
     if model_call(ev.classifier, oom.frames) is not None:
         return None  # a KV cache grown inside the forward
-    n = grow[0]
-    key = tuple(frame_key(f) for f in oom.frames if isinstance(f, dict))
-    raw = tl.raw
-    idx = [
-        i
-        for i in tl.alloc_indices
-        if i < oom.index
-        and (frames := raw[i].get("frames"))
-        and tuple(frame_key(f) for f in frames if isinstance(f, dict)) == key
-    ][-n:]
+    idx = run[0]
     if len(idx) < REGROWN_CYCLES + 1:
         return None
+    raw = tl.raw
     last = raw[idx[-1]]
     freed = any(
         e.get("action") in ("free_requested", "free_completed") and e.get("addr") == last.get("addr")
@@ -2017,7 +2013,7 @@ def regrown_request(ev: Evidence) -> tuple[int, int, int, int, int] | None:
     passes = sum(1 for a, c in itertools.pairwise(idx) if _model_pass(raw, call_of, a, c))
     if passes < REGROWN_CYCLES:
         return None
-    return n, grow[1], grow[2], passes, size
+    return grow[0], grow[1], grow[2], passes, size
 
 
 def growing_request(ev: Evidence) -> tuple[int, int, int] | None:
@@ -2026,6 +2022,21 @@ def growing_request(ev: Evidence) -> tuple[int, int, int] | None:
     before, of at least ``GROWING_SIZES`` sizes, the request larger than the first. A tensor rebuilt larger
     at every call (a KV cache grown by ``torch.cat`` token after token, a buffer re-made to a longer length):
     the demand was still growing when it failed, and how far it was going is not in the record."""
+    run = _request_run(ev)
+    if run is None:
+        return None
+    _, sizes, req = run
+    if not grew(sizes) or req <= sizes[-1] or req < max(sizes):
+        return None
+    return len(sizes), sizes[-1], req
+
+
+def _request_run(ev: Evidence) -> tuple[list[int], list[int], int] | None:
+    """(trace indices oldest first, sizes newest first, request) of the latest run of allocations from the
+    failing request's own stack that only grew (``growth_run``); worked out once."""
+    if ev.request_run is not False:
+        return ev.request_run if isinstance(ev.request_run, tuple) else None
+    ev.request_run = None
     tl, oom = ev.oom_timeline, ev.oom_entry
     if tl is None or oom is None or not oom.frames:
         return None
@@ -2035,6 +2046,7 @@ def growing_request(ev: Evidence) -> tuple[int, int, int] | None:
     key = tuple(frame_key(f) for f in oom.frames if isinstance(f, dict))
     seen: dict[int, bool] = {}
     raw = tl.raw
+    indices: list[int] = []  # of the sizes yielded, newest first
 
     def same_stack_sizes() -> Iterator[int]:
         """Sizes of the allocations from the request's own stack before it, newest first."""
@@ -2049,12 +2061,14 @@ def growing_request(ev: Evidence) -> tuple[int, int, int] | None:
                 size = raw[i].get("size", 0)
                 if not isinstance(size, int):
                     return
+                indices.append(i)
                 yield size
 
     sizes = growth_run(same_stack_sizes())
-    if not grew(sizes) or req <= sizes[-1] or req < max(sizes):
+    if not sizes:
         return None
-    return len(sizes), sizes[-1], req
+    ev.request_run = (indices[: len(sizes)][::-1], sizes, req)
+    return ev.request_run
 
 
 def accumulating_site(ev: Evidence) -> Survivors | None:
@@ -2096,21 +2110,10 @@ def store_turnover(ev: Evidence, sv: Survivors) -> tuple[int, int] | None:
     if not sizes:
         return None
     lo, hi, made_bytes = min(sizes), max(sizes), sum(sizes)
-    action = "free_requested" if any(e.get("action") == "free_requested" for e in raw) else "free_completed"
-    made: set[Any] = set()
     blocks = freed = 0
     gaps: set[int] = set()
-    for i, e in enumerate(raw):
-        a = e.get("action")
-        if a == "alloc":
-            made.add(e.get("addr"))
-        elif (
-            a == action
-            and i > idx[0]
-            and e.get("addr") not in made
-            and isinstance(z := e.get("size"), int)
-            and lo <= z <= hi
-        ):
+    for i in older_block_frees(ev, tl):
+        if i > idx[0] and isinstance(z := raw[i].get("size"), int) and lo <= z <= hi:
             blocks += 1
             freed += z
             gaps.add(bisect_left(idx, i))
@@ -2135,25 +2138,12 @@ def per_step_blocks(ev: Evidence) -> tuple[Site, int, int] | None:
     if ev.snapshot is None or step is None or step < PER_STEP_MIN or not ev.allocated_bytes or ev.steps:
         return None
     tl = ev.oom_timeline
-    device = tl.device if tl is not None else None
-    live_idx = tl.live_alloc_index if tl is not None else {}
-    raw = tl.raw if tl is not None else []
-    counts: dict[tuple[Site, int], int] = {}
-    for seg in ev.snapshot.segments:
-        if device is not None and seg.device != device:
-            continue
-        for b in seg.blocks:
-            if b.state != "active_allocated":
-                continue
-            frames = b.frames
-            if not frames and (i := live_idx.get(b.address)) is not None:
-                frames = raw[i].get("frames") or []
-            if not frames:
-                continue
-            site = ev.classifier.site(frames)
-            if site.kind != "user":
-                continue
-            counts[(site, b.size)] = counts.get((site, b.size), 0) + 1
+    counts = {
+        (st.site, size): n
+        for st in ev.sites
+        if st.site.kind == "user" and (tl is None or tl.device in st.devices)
+        for size, n in st.sizes.items()
+    }
     best: tuple[Site, int, int] | None = None
     for (site, size), n in counts.items():
         if (
@@ -2385,16 +2375,18 @@ def stored_since_steps(ev: Evidence) -> tuple[Site, int, int] | None:
     return site, n, size
 
 
-def _older_frees(ev: Evidence, tl: DeviceTimeline) -> dict[tuple[Any, Any, Any], list[tuple[int, int]]]:
-    """Blocks allocated before the trace began and freed in it, by the user line that freed them (the
-    innermost user frame of the free's stack): (entry index, size) each. A tensor dies where its last
-    reference goes: the line that drops it from a list or a ``deque(maxlen=N)`` that pushes it out."""
+def older_block_frees(ev: Evidence, tl: DeviceTimeline) -> list[int]:
+    """Entry indices of the frees of blocks allocated before the trace began (no allocation of their
+    address in the trace before them), in order; one entry per block (``free_requested`` where the trace
+    records it, else ``free_completed``). Worked out once per device."""
+    got = ev.older_frees_by_device.get(tl.device)
+    if got is not None:
+        return got
     action = (
         "free_requested" if any(e.get("action") == "free_requested" for e in tl.raw) else "free_completed"
     )
     made: set[Any] = set()
-    key_of: dict[int, tuple[Any, Any, Any] | None] = {}
-    out: dict[tuple[Any, Any, Any], list[tuple[int, int]]] = {}
+    got = ev.older_frees_by_device[tl.device] = []
     for i, e in enumerate(tl.raw):
         a = e.get("action")
         if a == "alloc":
@@ -2403,20 +2395,32 @@ def _older_frees(ev: Evidence, tl: DeviceTimeline) -> dict[tuple[Any, Any, Any],
             addr = e.get("addr")
             if addr in made:
                 made.discard(addr)
-                continue
-            frames = e.get("frames")
-            if not frames:
-                continue
-            fid = id(frames)
-            if fid not in key_of:
-                key_of[fid] = next(
-                    (frame_key(f) for f in frames if isinstance(f, dict) and ev.classifier.classify(f)[1]),
-                    None,
-                )
-            key = key_of[fid]
-            size = e.get("size", 0)
-            if key is not None and isinstance(size, int):
-                out.setdefault(key, []).append((i, size))
+            else:
+                got.append(i)
+    return got
+
+
+def _older_frees(ev: Evidence, tl: DeviceTimeline) -> dict[tuple[Any, Any, Any], list[tuple[int, int]]]:
+    """Blocks allocated before the trace began and freed in it, by the user line that freed them (the
+    innermost user frame of the free's stack): (entry index, size) each. A tensor dies where its last
+    reference goes: the line that drops it from a list or a ``deque(maxlen=N)`` that pushes it out."""
+    key_of: dict[int, tuple[Any, Any, Any] | None] = {}
+    out: dict[tuple[Any, Any, Any], list[tuple[int, int]]] = {}
+    for i in older_block_frees(ev, tl):
+        e = tl.raw[i]
+        frames = e.get("frames")
+        if not frames:
+            continue
+        fid = id(frames)
+        if fid not in key_of:
+            key_of[fid] = next(
+                (frame_key(f) for f in frames if isinstance(f, dict) and ev.classifier.classify(f)[1]),
+                None,
+            )
+        key = key_of[fid]
+        size = e.get("size", 0)
+        if key is not None and isinstance(size, int):
+            out.setdefault(key, []).append((i, size))
     return out
 
 

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.rules.rawsnap import MiB, Trace, bundle
-from tests.rules.test_kept_calls import TRAIN_CALL, backward, forward, line, under, weights
+from tests.rules.rawsnap import MiB, Trace
+from tests.rules.test_eval_loops import (  # EVAL_CALL: `outs.append(model(x))`, x on the device
+    EVAL_CALL,
+    after_training,
+)
+from tests.rules.test_kept_calls import under
 from triage.pipeline import diagnose_bundle
 
-EVAL_CALL = line(120, "evaluate")  # `outs.append(model(x))` under torch.no_grad(), x already on the device
 EMBED, LAYER, HEAD = 20, 30, 44  # model.py lines: the embedding, a layer's activation, the output head
-START_US = 1_780_000_000_000_000
 
 
 def no_grad_pass(t: Trace, out: int, *, layers: int = 8, embed: bool = True) -> int:
@@ -42,39 +44,13 @@ def no_grad_pass(t: Trace, out: int, *, layers: int = 8, embed: bool = True) -> 
 
 
 def incident(tail: list[Any], *, steps: int = 6) -> dict[str, Any]:
-    """Training steps sampled by the collector, then ``tail(t)`` runs, then the OOM under EVAL_CALL."""
-    t = Trace(0)
-    weights(t)
-    ends: list[int] = []
-    for _ in range(steps):
-        backward(t, forward(t, TRAIN_CALL, 128 * MiB))
-        ends.append(len(t.entries) - 1)
-    for run in tail:
-        run(t)
-    t.entries.append(
-        {
-            "action": "oom",
-            "addr": 0,
-            "size": 96 * MiB,
-            "stream": 0,
-            "device_free": 0,
-            "frames": under(EVAL_CALL, LAYER),
-        }
-    )
-    for i, e in enumerate(t.entries):
-        e["time_us"] = START_US + i * 1000
-    base = 2048 * MiB
-    timeline = [
-        {
-            "step": k + 1,
-            "allocated_bytes": base,
-            "peak_allocated_bytes": base + 8 * 128 * MiB,
-            "time_us": START_US + end * 1000,
-        }
-        for k, end in enumerate(ends)
-    ]
-    raw = {"segments": t.segments(), "device_traces": [t.entries]}
-    return bundle(raw, step=steps, timeline=timeline, batch_size=8)
+    """Training steps sampled by the collector, then each of ``tail`` runs, then the OOM under EVAL_CALL."""
+
+    def run_all(t: Trace) -> None:
+        for run in tail:
+            run(t)
+
+    return after_training(run_all, steps=steps)
 
 
 def eval_loop(passes: int, *, keep: bool) -> Any:

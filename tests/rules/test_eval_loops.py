@@ -16,6 +16,7 @@ called the model outside them); the bundle is the collector's, with its per-step
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -46,24 +47,18 @@ def no_grad_call(t: Trace, out: int) -> int:
     return t.alloc(out, under(EVAL_CALL, 44))
 
 
-def incident(
-    *, steps: int = 6, evals: int = 10, keep: bool = True, sample_after_eval: bool = False
+def after_training(
+    tail: Callable[[Trace], None], *, steps: int = 6, sample_after_eval: bool = False
 ) -> dict[str, Any]:
+    """``steps`` training steps the collector sampled, then ``tail`` runs, then the OOM of a layer's
+    activation under EVAL_CALL; the trace's entries and the samples on one clock (epoch µs)."""
     t = Trace(0)
     weights(t)
     ends: list[int] = []
     for _ in range(steps):
         backward(t, forward(t, TRAIN_CALL, 128 * MiB))
         ends.append(len(t.entries) - 1)
-    logits = None
-    for _ in range(evals):
-        new = no_grad_call(t, 64 * MiB)
-        if logits is not None:
-            t.free(logits)
-        logits = new
-        if keep:
-            t.alloc(128 * MiB, KEEP)  # the float copy of the logits, kept in a list
-    t.alloc(16 * MiB, data(EVAL_CALL))
+    tail(t)
     t.entries.append(
         {
             "action": "oom",
@@ -88,6 +83,23 @@ def incident(
     ]
     raw = {"segments": t.segments(), "device_traces": [t.entries]}
     return bundle(raw, step=steps, timeline=timeline, batch_size=8)
+
+
+def incident(
+    *, steps: int = 6, evals: int = 10, keep: bool = True, sample_after_eval: bool = False
+) -> dict[str, Any]:
+    def evaluate(t: Trace) -> None:
+        logits = None
+        for _ in range(evals):
+            new = no_grad_call(t, 64 * MiB)
+            if logits is not None:
+                t.free(logits)
+            logits = new
+            if keep:
+                t.alloc(128 * MiB, KEEP)  # the float copy of the logits, kept in a list
+        t.alloc(16 * MiB, data(EVAL_CALL))
+
+    return after_training(evaluate, steps=steps, sample_after_eval=sample_after_eval)
 
 
 def test_outputs_kept_by_a_no_grad_loop_after_the_last_step_are_a_leak_at_the_keeping_line() -> None:

@@ -21,6 +21,7 @@ class SiteStats:
     bytes: int = 0
     requested_bytes: int = 0
     count: int = 0
+    sizes: dict[int, int] = field(default_factory=dict, repr=False)  # live blocks by block size
     devices: set[int] = field(default_factory=set)
     # surviving blocks whose allocation is in the trace
     traced: int = 0
@@ -89,6 +90,7 @@ def live_sites(
             st.bytes += b.size
             st.requested_bytes += b.requested_size
             st.count += 1
+            st.sizes[b.size] = st.sizes.get(b.size, 0) + 1
             st.devices.add(seg.device)
             if idx is not None and entry is not None:
                 st.traced += 1
