@@ -636,6 +636,12 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.missing.append(
             "live memory per step (the collector's step samples): a leak grows across steps, a too-large batch does not"
         )
+    if not ev.bundle and ev.total_bytes and not slice_name and promised is None:
+        # a replay knows the device only from the message: not what the job was scheduled for
+        f.missing.append(
+            f"the GPU the job was scheduled for (the collector's device record with the pod's request): a job "
+            f"sized for a larger GPU than this {human(ev.total_bytes)} one was given the wrong device (gpu_quota)"
+        )
     est, info = estimate_max_batch(ev)
     if est is not None:
         f.max_batch_size = est
