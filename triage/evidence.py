@@ -273,6 +273,9 @@ class StepTrend:
     # stretches wobble by a few small blocks (a variable-length batch's last tensors) still never falls
     major_falling_fraction: float = 0.0
     major_given_back: float = 0.0  # what those falls gave back, a share of all the rises
+    # grew and then stayed flat for 3+ steps at one batch size, and has grown since the batch grew by no
+    # more than that store could at the new size: a bounded store re-filling with larger entries
+    refilled: bool = False
 
     @property
     def never_falls(self) -> bool:
@@ -315,6 +318,8 @@ class StepTrend:
         last changes (at least 3, and a quarter of all) stayed flat."""
         if self.early_growth_bytes <= 0:
             return False
+        if self.refilled:
+            return True
         if self.late_growth_bytes <= 0.1 * self.early_growth_bytes:
             return True
         if self.late_growth_bytes > 0 and len(self.rise_at) >= 3:
@@ -507,7 +512,32 @@ def _trend_of(ss: Sequence[StepSample]) -> StepTrend | None:
         tail_rises=next((i for i, d in enumerate(reversed(diffs)) if d <= noise), len(diffs)),
         given_back=-sum(d for d in diffs if d < 0) / max(1, sum(d for d in diffs if d > 0)),
         major_given_back=-sum(d for d in diffs if d < -floor) / max(1, sum(d for d in diffs if d > 0)),
+        refilled=_refilled(ss, diffs, floor),
     )
+
+
+def _refilled(ss: Sequence[StepSample], diffs: list[int], floor: float) -> bool:
+    """Live memory grew, then held flat (within ``floor``) for 3+ steps at one batch size, and since the
+    batch last grew it has grown by no more than that growth times the batch's ratio less one: what a store
+    of per-batch tensors bounded in count (the last N features, a window of outputs) does when its entries
+    are made larger. A leak at the old size would not have stopped."""
+    changes = [
+        i
+        for i, (a, b) in enumerate(itertools.pairwise(ss))
+        if a.batch_size and b.batch_size and a.batch_size != b.batch_size
+    ]
+    if not changes:
+        return False
+    c = changes[-1]
+    old, new = ss[c].batch_size or 0, ss[c + 1].batch_size or 0
+    flat = 0
+    for d in reversed(diffs[:c]):
+        if abs(d) > floor:
+            break
+        flat += 1
+    grown = sum(diffs[: c - flat])
+    since = sum(diffs[c + 1 :])
+    return new > old and flat >= 3 and grown > 0 and since <= (new / old - 1) * grown
 
 
 @dataclass
