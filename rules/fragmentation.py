@@ -43,6 +43,7 @@ from triage.evidence import (
     aligned_step,
     growing_request,
     nothing_kept,
+    turned_over,
     turning_window,
 )
 from triage.units import human
@@ -302,6 +303,13 @@ def evaluate(ev: Evidence) -> Finding | None:
         or nothing_kept(ev)
         # earlier calls of the model still held are a leak too small over a few steps to lift the floor
         or (ev.trace_floor_flat and ev.kept_calls is None)
+        # what outlived its step came and went around one level while the trace watched it turn over (an
+        # inference server's per-request caches): the trace saw that nothing kept grew
+        or (
+            ev.has_frames
+            and bool(kept := [s for s in ev.survivors if s.cycles])
+            and all(s.bounded or turned_over(ev, s) for s in kept)
+        )
     )
     if (
         trend is None

@@ -8,13 +8,17 @@ buffers, which the DataLoader's pin memory thread allocates through the CUDA dri
 driver cannot lock more of the host's RAM and CUDA says ``out of memory`` about the host, not the GPU.
 Typical causes are DataLoader workers each holding a copy of the dataset, pinned-memory buffers and CPU
 offload. GPU memory has nothing to do with it.
+
+A limit reached by host memory that grew at nearly every step the job's log printed it (a list of CPU
+tensors kept, Python objects in DataLoader workers touched copy-on-write) is the job's own growth, which a
+higher limit only puts off: the kill stays a lead, not the platform's verdict.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rules.base import CANDIDATE, LIKELY, STRONG, Finding
+from rules.base import CANDIDATE, LEAD, LIKELY, STRONG, Finding
 from triage.units import human
 
 if TYPE_CHECKING:
@@ -131,6 +135,24 @@ def evaluate(ev: Evidence) -> Finding | None:
     for v in ev.contract_violations:
         if getattr(v, "related_verdict", None) == VERDICT:
             f.facts.append(str(getattr(v, "sentence", v)))
+    if ev.host_growth is not None:
+        s0, b0, s1, b1 = ev.host_growth
+        f.facts.append(
+            f"The job's own host memory, as its log printed it, rose at nearly every print, from {human(b0)} at "
+            f"step {s0} to {human(b1)} at step {s1}: the limit was reached by memory growing step after step, "
+            "not by a steady need; a higher limit only puts the kill off."
+        )
+        f.values["host_growth_bytes"] = b1 - b0
+        f.missing.append(
+            "what the job keeps in host memory as it runs (a memory profile of the process and its DataLoader "
+            "workers: tracemalloc, memray, or RSS per worker)"
+        )
+        f.actions.append(
+            "Find what grows in host memory: CPU tensors, batches or outputs kept in a list (`.cpu()` results "
+            "appended each step), Python lists/dicts of samples in the Dataset that workers touch copy-on-write "
+            "(store them as numpy arrays), caches without a bound."
+        )
+        f.score = min(f.score, LEAD)
     f.actions.append(
         "Raise the container's memory limit (resources.limits.memory) to cover the job's host RAM peak."
     )

@@ -62,6 +62,7 @@ from triage.evidence import (
     store_turnover,
     stored_since_steps,
     trace_cycles,
+    turned_over,
     turning_window,
 )
 from triage.snapshot.frames import Site
@@ -217,45 +218,6 @@ def _after_the_steps(ev: Evidence, leak: Survivors) -> StepSample | None:
     if not isinstance(start, int) or not isinstance(end, int) or not start <= last.time_us <= end:
         return None
     return last if leak.stats.first_time_us > last.time_us else None
-
-
-def _turned_over(ev: Evidence, leak: Survivors) -> tuple[int, int, int] | None:
-    """(live blocks, allocations made since, most held at once) when the site's count of live blocks
-    reached what it holds now early and the site then went on allocating at least as many blocks again,
-    freeing as many, never holding more than one extra: a cache that evicts (least recently used, one
-    entry per key) turning over, not a leak. A leak's count keeps rising to the end."""
-    tl = ev.oom_timeline
-    st = leak.stats
-    if tl is None or tl.device not in st.devices or st.traced < st.count or leak.freed_at_site < st.count:
-        return None  # every live block must be in the trace, and the site must have turned over once
-    site = leak.site
-    mine: dict[int, bool] = {}
-    live: set[int] = set()
-    counts: list[int] = []  # live blocks of the site after each of its allocations
-    for e in tl.raw:
-        action = e.get("action")
-        if action == "alloc":
-            frames = e.get("frames")
-            if not frames:
-                continue
-            hit = mine.get(id(frames))
-            if hit is None:
-                hit = mine[id(frames)] = ev.classifier.site(frames) == site
-            if hit:
-                live.add(e.get("addr", 0))
-                counts.append(len(live))
-        elif action == "free_requested" and e.get("addr") in live:
-            live.discard(e.get("addr", 0))
-    final = st.count
-    if len(counts) < 2 * final or max(counts) > final + 1:
-        return None
-    reached = next((i for i, c in enumerate(counts) if c >= final), None)
-    if reached is None:
-        return None
-    since = len(counts) - 1 - reached
-    # early: it has held that many for most of what it made since it first did (a count that climbed
-    # through the trace and levels only among the step under way's own temporaries is still climbing)
-    return (final, since, max(counts)) if since >= max(final, reached) else None
 
 
 def _lead_by_growth(ev: Evidence, f: Finding) -> None:
@@ -779,7 +741,7 @@ def _evaluate(ev: Evidence) -> Finding | None:
             f.facts.append(flat_fact)
         elif trend_flat and not steady:
             f.score = min(f.score, BOUNDED)
-        elif trend is None and (churn := _turned_over(ev, leak)):
+        elif trend is None and (churn := turned_over(ev, leak)):
             f.facts.append(
                 f"But the site never held more than {churn[2]} blocks at once: it reached {churn[0]} early and "
                 f"then made {churn[1]} more, freeing as many — a cache that evicts, not a leak."

@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 _RE_MIG_PROFILE = re.compile(r"\bMIG[ -]?(\d{1,2}g\.\d{1,3}gb(?:\+me)?)\b", re.IGNORECASE)
 # the slice a pod asked for: its Kubernetes resource name (``nvidia.com/mig-3g.40gb: 1``)
 _RE_MIG_RESOURCE = re.compile(r"nvidia\.com/mig-(\d{1,2}g\.(\d{1,3})gb(?:\+me)?)\b", re.IGNORECASE)
+# the GPU feature discovery label of the node the pod was scheduled to (or selected): its GPUs' memory in
+# MiB, what the pod enrichment reads as the size the job was declared for
+_RE_GFD_MEMORY = re.compile(r"nvidia\.com/gpu\.memory\s{0,2}[=:]\s{0,2}[\"']?(\d{4,7})\b")
 # an NVIDIA product name that states its memory, as torch.cuda.get_device_name() or nvidia-smi print it
 # ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "Tesla V100-SXM2-32GB")
 _RE_PRODUCT_NAME = re.compile(
@@ -559,6 +562,10 @@ class Evidence:
     mig_profile: str | None = None
     log_mig_profile: str | None = None  # the one MIG profile the log text names (nvidia-smi, a device print)
     log_asked_mig: tuple[str, int] | None = None  # (profile, GB) of the MIG resource the log shows asked for
+    log_gpu_label_bytes: int | None = None  # the one nvidia.com/gpu.memory label the log prints (bytes)
+    # (first step, its bytes, last step, its bytes) of host memory the log printed at its steps, when it rose
+    # at nearly every print (``host_growth``)
+    host_growth: tuple[int, int, int, int] | None = None
     log_device_name: str = ""  # the one GPU product (by memory size) the log text names
     fraction_cap_bytes: int | None = None
     fraction_rejected: bool = False
@@ -933,23 +940,35 @@ class Evidence:
 def _fraction_calls(ev: Evidence, text: str) -> None:
     """Lines of ``text`` that show a memory fraction being set from one of the job's own source files: the
     line names a file (the job's logger printing where it set it, a traceback's printed source line) that
-    the same log's tracebacks run through as user code. A platform hook (a ``sitecustomize.py``) that logs
-    what it applied names a file no traceback of the job passes through."""
-    traced = {
-        f.replace("\\", "/").rsplit("/", 1)[-1]
+    the same log's tracebacks run through as user code, or one in the same folder as those (the job's
+    launcher beside its worker). A platform hook (a ``sitecustomize.py``) that logs what it applied names a
+    file elsewhere."""
+    paths = [
+        f.replace("\\", "/")
         for f in _RE_TRACEBACK_FILE.findall(text)
         if ev.classifier.classify({"filename": f, "line": 1, "name": ""})[1]
-    }
-    if not traced:
+    ]
+    if not paths:
         return
+    traced = {f.rsplit("/", 1)[-1] for f in paths}
+    folders = {_folder(f) for f in paths} - {""}
     for ln in text.split("\n"):
         fc = _RE_FRACTION_CALL.search(ln) if "set_per_process_memory_fraction" in ln else None
         if fc is None:
             continue
-        files = {f.replace("\\", "/").rsplit("/", 1)[-1] for f in _RE_PY_FILE.findall(ln)}
-        mine = sorted(files & traced)
+        named = [f.replace("\\", "/") for f in _RE_PY_FILE.findall(ln)]
+        # a file the tracebacks ran through, or one beside them in the job's own source folder
+        mine = sorted(
+            f.rsplit("/", 1)[-1] for f in named if f.rsplit("/", 1)[-1] in traced or _folder(f) in folders
+        )
         if mine:
             ev.log_fraction_calls.append((float(fc.group(1)), mine[0], ln.strip()[:160]))
+
+
+def _folder(path: str) -> str:
+    """The name of the folder a source path is in ("src" for ``/src/train.py`` and ``src/packer.py``)."""
+    parts = path.split("/")
+    return parts[-2] if len(parts) > 1 else ""
 
 
 def _cap_in_log(ev: Evidence, cap: int, total: int) -> None:
@@ -1007,6 +1026,9 @@ def build_evidence(
         asked = {(p.lower(), int(gb)) for ln in candidates for p, gb in _RE_MIG_RESOURCE.findall(ln)}
         if len(asked) == 1:
             ev.log_asked_mig = asked.pop()
+        labelled = {int(v) for ln in candidates for v in _RE_GFD_MEMORY.findall(ln)}
+        if len(labelled) == 1:  # several nodes' labels listed: not decided
+            ev.log_gpu_label_bytes = labelled.pop() * MiB
         profiles = {
             p.lower()
             for ln in candidates
@@ -1017,6 +1039,7 @@ def build_evidence(
         for t in texts:
             if "set_per_process_memory_fraction" in t:
                 _fraction_calls(ev, t)
+        ev.host_growth = host_growth("\n".join(texts))
         names = {n for ln in candidates for n in _RE_PRODUCT_NAME.findall(ln)}
         if len({_named_bytes(n) for n in names}) == 1:  # products of several sizes named: not decided
             ev.log_device_name = sorted(names)[0]
@@ -1225,6 +1248,14 @@ def _device(ev: Evidence) -> None:
         ev.declared_total_bytes = asked[1] * GiB
         ev.notes.append(
             f"The log shows the pod asked for a MIG {asked[0]} slice and it runs on {ev.mig_profile}."
+        )
+    label = ev.log_gpu_label_bytes
+    if label and ev.declared_total_bytes is None and ev.mig_profile is None and not asked:
+        # as the pod enrichment reads the node's label (on a MIG node it is the slice's size: not read)
+        ev.declared_total_bytes = label
+        ev.notes.append(
+            f"The log shows the node's GPU label nvidia.com/gpu.memory={label // MiB} ({human(label)}): the "
+            "size the job was scheduled for."
         )
     if not ev.device_name and ev.log_device_name:
         ev.device_name = ev.log_device_name
@@ -1797,6 +1828,29 @@ def _trace_trend(ev: Evidence) -> None:
             f"No per-step memory samples: {len(samples)} steps were read from the allocator trace "
             "(the low point of each cycle of live memory)."
         )
+
+
+HOST_RISING_SHARE = 0.8  # of the changes between host-memory prints: rose at nearly every one
+HOST_GROWTH_SHARE = 0.5  # of the first print: grew by half again or more
+
+
+def host_growth(text: str) -> tuple[int, int, int, int] | None:
+    """(first step, bytes, last step, bytes) when the host memory the log printed at its steps
+    (``triage.messages.host_memory_samples``) rose at ``HOST_RISING_SHARE`` of its prints or more and by
+    ``HOST_GROWTH_SHARE`` of where it began and 1 GiB or more: the job's own host memory growing step after
+    step (a list of CPU tensors or batches kept, Python objects in DataLoader workers touched copy-on-write),
+    which a pod's memory limit only ends. A need that stays level, and a limit too low for it, print flat."""
+    from triage.messages import MIN_HOST_SAMPLES, host_memory_samples
+
+    samples = host_memory_samples(text) if text else []
+    if len(samples) < MIN_HOST_SAMPLES:
+        return None
+    values = [v for _, v in samples]
+    rises = sum(1 for a, b in itertools.pairwise(values) if b > a * 1.002)
+    first, last = values[0], values[-1]
+    if rises < HOST_RISING_SHARE * (len(values) - 1) or last - first < max(GiB, HOST_GROWTH_SHARE * first):
+        return None
+    return samples[0][0], first, samples[-1][0], last
 
 
 def _host(ev: Evidence) -> None:
@@ -2874,6 +2928,46 @@ def allocs_by_site(ev: Evidence) -> dict[tuple[int, Site], list[int]]:
 
 
 RELEASED_CALLS = 2  # whole calls of the model a block outlived before it was freed: it was kept, then let go
+
+
+def turned_over(ev: Evidence, leak: Survivors) -> tuple[int, int, int] | None:
+    """(live blocks, allocations made since, most held at once) when the site's count of live blocks
+    reached what it holds now early and the site then went on allocating at least as many blocks again,
+    freeing as many, never holding more than a quarter more (or one extra): a cache that evicts (least
+    recently used, one entry per key) or a server's store of per-request caches, coming and going around
+    one level, turning over, not a leak. A leak's count keeps rising to the end."""
+    tl = ev.oom_timeline
+    st = leak.stats
+    if tl is None or tl.device not in st.devices or st.traced < st.count or leak.freed_at_site < st.count:
+        return None  # every live block must be in the trace, and the site must have turned over once
+    site = leak.site
+    mine: dict[int, bool] = {}
+    live: set[int] = set()
+    counts: list[int] = []  # live blocks of the site after each of its allocations
+    for e in tl.raw:
+        action = e.get("action")
+        if action == "alloc":
+            frames = e.get("frames")
+            if not frames:
+                continue
+            hit = mine.get(id(frames))
+            if hit is None:
+                hit = mine[id(frames)] = ev.classifier.site(frames) == site
+            if hit:
+                live.add(e.get("addr", 0))
+                counts.append(len(live))
+        elif action == "free_requested" and e.get("addr") in live:
+            live.discard(e.get("addr", 0))
+    final = st.count
+    if len(counts) < 2 * final or max(counts) > final + max(1, final // 4):
+        return None
+    reached = next((i for i, c in enumerate(counts) if c >= final), None)
+    if reached is None:
+        return None
+    since = len(counts) - 1 - reached
+    # early: it has held that many for most of what it made since it first did (a count that climbed
+    # through the trace and levels only among the step under way's own temporaries is still climbing)
+    return (final, since, max(counts)) if since >= max(final, reached) else None
 
 
 def released_after_calls(ev: Evidence, sv: Survivors) -> int:

@@ -96,6 +96,7 @@ __all__ = [
     "OomMessage",
     "ProcessUsage",
     "first_step_bar",
+    "host_memory_samples",
     "lines_holding",
     "memory_samples",
     "non_pytorch_bytes",
@@ -1245,6 +1246,50 @@ def memory_samples(text: str, rank: int | None = None, until: int | None = None)
     return out
 
 
+# host memory a training loop prints beside its step ("host_rss=9.01GiB", "main_rss 6.2G workers_rss_total
+# 49.2G", "RAM: 31.4 GB", "cpu_mem 12.1GiB"): what the process tree holds of the node's RAM
+_RE_HOST_MEM = re.compile(
+    r"(?<![\w])(\w{0,24}?(?:rss|host_?mem(?:ory)?|cpu_?mem(?:ory)?|ram)\w{0,24})\s{0,2}[=:]?\s{0,2}"
+    r"(\d{1,7}(?:\.\d{1,4})?)\s?(GiB|MiB|GB|MB|G|M)(?![\w])",
+    re.IGNORECASE,
+)
+_HOST_UNITS = {"G": "GIB", "M": "MIB"}
+MIN_HOST_SAMPLES = 6
+
+
+def host_memory_samples(text: str) -> list[tuple[int, int]]:
+    """(step, bytes) of the host memory a log printed at its steps, oldest first: on a line with a step
+    number, the sum of what it printed for the process and its workers (keys naming a peak or a maximum
+    left out); a line without one is the next step in order. The last attempt's only (after a restart)."""
+    out: list[tuple[int, int]] = []
+    for raw in text.split("\n"):
+        low = raw.lower()
+        if "rss" not in low and "mem" not in low and "ram" not in low:
+            continue
+        if "estart" in raw and _RE_RESTART.search(raw):
+            out.clear()
+            continue
+        content = _strip_line(raw).content
+        total = 0
+        for m in _RE_HOST_MEM.finditer(content):
+            key = m.group(1).lower()
+            if "max" in key or "peak" in key or "limit" in key or "total_ram" in key:
+                continue
+            unit = m.group(3).upper()
+            total += parse_size(m.group(2), _HOST_UNITS.get(unit, unit))
+        if not total:
+            continue
+        sm = _RE_STEP_NO.search(content)
+        step = int(next(g for g in sm.groups() if g)) if sm else (out[-1][0] + 1 if out else 0)
+        if out and step <= out[-1][0]:
+            if step < out[-1][0]:
+                out.clear()  # the count started again: a new attempt
+            else:
+                continue
+        out.append((step, total))
+    return out
+
+
 def _may_sample(line: str) -> bool:
     """Whether a line holds a word one of the sample patterns needs (cheap, before the patterns run)."""
     return (
@@ -1472,6 +1517,16 @@ _RE_BAR = re.compile(r"(?<![\w/])(\d{1,9})/(\d{1,9}) \[\d")
 _RE_EPOCH_NO = re.compile(r"(?<![\w])epoch(?![\w])\s{0,3}[:=#]?\s{0,3}(\d{1,9})", re.IGNORECASE)
 
 
+def _progress_past_start(content: str) -> bool:
+    """A line that shows training progress, other than the first epoch's number on its own ("Epoch 0:",
+    what a bar's description prints as the epoch begins: no step has finished yet)."""
+    for m in _RE_PROGRESS.finditer(content):
+        e = _RE_EPOCH_NO.match(content, m.start())
+        if e is None or e.group(1) != "0":
+            return True
+    return False
+
+
 def first_step_bar(text: str, line_no: int | None, rank: int | None = None) -> str | None:
     """The progress bar the log showed before the traceback that ends at line ``line_no`` (1-based), when
     it still read ``0/N`` and nothing printed before it showed any progress: the first step had not
@@ -1505,7 +1560,7 @@ def first_step_bar(text: str, line_no: int | None, rank: int | None = None) -> s
                 and (e is None or e.group(1) == "0")
             ):
                 bar = f"0/{m.group(2)}"
-            elif m is not None or _RE_PROGRESS.search(_strip_line(part).content):
+            elif m is not None or _progress_past_start(_strip_line(part).content):
                 return None
     return bar
 

@@ -96,6 +96,9 @@ def _bar_log(before: str) -> str:
             None,
         ),
         ("Epoch 3:   0%|          | 0/500 [00:00<?, ?it/s]\n", None),  # a later epoch's bar
+        # the first epoch's name printed on a line of its own, its bar on the next (Lightning's, tqdm's desc)
+        ("Epoch 0: \n  0%|          | 0/2502 [00:00<?, ?it/s]\n", "0/2502"),
+        ("Epoch 1: \n  0%|          | 0/2502 [00:00<?, ?it/s]\n", None),
         ("step 100 loss 2.1\n  0%|          | 0/50 [00:00<?, ?it/s]\n", None),  # training ran before
         ("loading shards\n", None),  # no bar at all
         # bars of preparing the data and loading the weights are not training steps
