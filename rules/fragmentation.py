@@ -303,12 +303,14 @@ def evaluate(ev: Evidence) -> Finding | None:
         or nothing_kept(ev)
         # earlier calls of the model still held are a leak too small over a few steps to lift the floor
         or (ev.trace_floor_flat and ev.kept_calls is None)
-        # what outlived its step came and went around one level while the trace watched it turn over (an
-        # inference server's per-request caches): the trace saw that nothing kept grew
+        # a loop with no optimizer step (a server: no step will ever show in its trace) whose survivors came
+        # and went around one level while the trace watched them turn over (per-request caches): the trace
+        # saw that nothing kept grew
         or (
             ev.has_frames
+            and ev.trace_steps == 0
             and bool(kept := [s for s in ev.survivors if s.cycles])
-            and all(s.bounded or turned_over(ev, s) for s in kept)
+            and all(turned_over(ev, s) for s in kept)
         )
     )
     if (

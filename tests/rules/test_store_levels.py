@@ -2,8 +2,10 @@
 cache site's live blocks outlive many calls of the model, yet their count comes and goes around one level
 (it reached it early and then made several times as many again, freeing as many). That store is turning
 over, not leaking, even though the count wanders above where it ends (a quarter more at most); and with
-it seen turning over, the trace has watched what outlived its calls and seen nothing grow, so the holes
-in the cache decide. A site whose count climbs to the end is still a leak.
+it seen turning over in a loop that runs no optimizer step (no step will ever show in a server's trace),
+the trace has watched what outlived its calls and seen nothing grow, so the holes in the cache decide. A
+site whose count climbs to the end is still a leak; a training loop's cache turning over settles nothing
+about its failing step.
 
 Snapshots are torch's raw layout (tests/rules/rawsnap.py); the bundle follows docs/bundle.md.
 """
@@ -14,7 +16,9 @@ import random
 from typing import Any
 
 from tests.rules.rawsnap import ACT, MiB, Trace, one_block_segment, segment_with_hole
-from triage.pipeline import diagnose_bundle
+from triage.pipeline import diagnose_bundle, diagnose_snapshot
+from triage.simulate.scenarios import run_scenario
+from triage.snapshot.loader import normalise
 
 KV = [
     {"filename": "/app/server/kv_cache.py", "line": 77, "name": "allocate"},
@@ -82,3 +86,16 @@ def test_a_store_that_keeps_some_finished_requests_climbs_and_leaks() -> None:
         "/app/server/kv_cache.py",
         77,
     )
+
+
+def test_a_training_cache_turning_over_does_not_settle_a_step_that_barely_fits_packed() -> None:
+    """The simulator's cache of the last 4 feature tensors in a training loop whose batch grew 3 -> 7: the
+    cache turns over in the trace, but the failing step, set beside the one before it, would need within a
+    few percent of all the job may hold. Nothing in a snapshot and its message tells whether packing would
+    have let the step finish: the steps' own samples decide (too large, in the bundle)."""
+    case = run_scenario("bounded_cache", 17)
+    snap = normalise(case.snapshot, source="simulated", shared_frames=False)
+    d, _ = diagnose_snapshot(snap, message=case.message)
+    assert d.verdict == "inconclusive" and "fragmentation" in d.candidates
+    d, _ = diagnose_bundle(case.bundle)
+    assert d.verdict == "workload_too_large"
