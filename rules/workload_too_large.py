@@ -22,6 +22,10 @@ far are some factor larger; the step before went on growing to its peak after th
 failing step, scaled by the same factor, would have needed that much. More than the job could hold (by
 5%): too large, and the holes in the cache decided nothing.
 
+A log that says the input grew (a curriculum's ``seq_len 2048 -> 4096``, progressive resizing, a
+batch-size ramp) after steps had run at the smaller size, with no step printed after it, shows the first
+step at the larger size failing: the demand changed, the memory it may use did not.
+
 One allocation that does not fit beside the least live memory the log ever printed (the weights, just
 loaded) is too large whatever else was released. An inference server that sizes itself at start-up says so
 in its own words (vLLM's KV cache too small for its max_model_len, TGI's warm-up prefill): the service's
@@ -440,6 +444,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         and needed is not None
         and needed <= trend.peak_bytes
         and not ev.batch_grew_from
+        and not ev.log_size_change
     ):
         f.facts.append(
             f"{trend.steps} steps of this size completed before (peak {human(trend.peak_bytes)}): "
@@ -478,6 +483,15 @@ def evaluate(ev: Evidence) -> Finding | None:
             "the demand changed, the memory it may use did not."
         )
         f.score = max(f.score, LIKELY - neighbour_penalty) + 0.15
+    elif ev.log_size_change is not None:
+        what, old, new = ev.log_size_change
+        f.facts.append(
+            f"The log says the input grew just before the OOM ({what} {old} -> {new}), after steps at {old} had "
+            f"run: the first step at {new} is the one that failed. The demand changed, the memory it may use "
+            "did not."
+        )
+        f.score = max(f.score, LIKELY - neighbour_penalty) + 0.1
+        grown = old
     # the collector's samples, however few; else the steps the trace shows
     peaks = ev.step_peaks if len(ev.steps) >= 2 else ev.earlier_peaks
     if (

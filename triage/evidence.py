@@ -634,6 +634,8 @@ class Evidence:
     first_step_bar: str | None = (
         None  # a log's progress bar that still read 0/N at the OOM, nothing shown before it
     )
+    # (what, from, to): the log says the input grew just before the OOM, after steps at the smaller size
+    log_size_change: tuple[str, int, int] | None = None
     root_rank: int | None = None  # torchrun's "Root Cause (first observed failure)" rank
     survived_oom: str | None = None  # a log's CUDA OOM the job went on after (it did not end the job)
     contract_violations: list[Any] = field(default_factory=list)
@@ -1071,6 +1073,9 @@ def build_evidence(
                 from triage.messages import first_step_bar
 
                 ev.first_step_bar = first_step_bar(text, ev.message.line_no, ev.message.rank)
+            from triage.messages import size_change_before
+
+            ev.log_size_change = size_change_before(text, ev.message.line_no, ev.message.rank)
     _kind(ev)
     if text and snapshot is None and not _get(b, "kind"):
         _went_on(ev, text, from_log)

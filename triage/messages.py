@@ -103,6 +103,7 @@ __all__ = [
     "parse_message",
     "parse_messages",
     "setup_frame",
+    "size_change_before",
     "split_processes",
     "went_on_after",
 ]
@@ -1563,6 +1564,44 @@ def first_step_bar(text: str, line_no: int | None, rank: int | None = None) -> s
             elif m is not None or _progress_past_start(_strip_line(part).content):
                 return None
     return bar
+
+
+# a log's word that the input grew (a curriculum's schedule, progressive resizing, a batch-size ramp):
+# "seq_len 2048 -> 4096", "batch size from 32 to 64", "image_size: 224 => 384"
+_RE_SIZE_CHANGE = re.compile(
+    r"(?<![\w])(seq(?:uence)?[_ ]?len(?:gth)?|max[_ ](?:seq[_ ])?len(?:gth)?|context[_ ]len(?:gth)?"
+    r"|batch[_ ]?size|micro[_ ]batch(?:[_ ]size)?|image[_ ]size|img[_ ]size|resolution|crop[_ ]size"
+    r"|num[_ ]frames)(?![\w])[^\d\n]{0,16}?(\d{1,7})\s{0,3}(?:->|→|=>|to)\s{0,3}(\d{1,7})(?![\w.])",
+    re.IGNORECASE,
+)
+
+
+def size_change_before(
+    text: str, line_no: int | None, rank: int | None = None
+) -> tuple[str, int, int] | None:
+    """(what, from, to) when the log says the input grew (``seq_len 2048 -> 4096``) after the job had shown
+    progress and before the traceback that ends at line ``line_no`` (1-based), with no progress printed
+    after it: the first step at the larger size is the one that failed."""
+    if line_no is None:
+        return None
+    lines = text.split("\n")
+    i = min(line_no, len(lines)) - 2
+    stop = max(-1, line_no - 2 - _SETUP_LOOKBACK)
+    while i > stop and not _RE_TRACEBACK_HEAD.search(lines[i]):
+        i -= 1
+    for k in range(i - 1, stop, -1):
+        ln = _strip_line(lines[k])
+        if rank is not None and ln.g is not None and ln.g != rank:
+            continue
+        m = _RE_SIZE_CHANGE.search(ln.content)
+        if m is not None and int(m.group(3)) > int(m.group(2)) > 0:
+            before = (_strip_line(x).content for x in lines[max(0, k - _SETUP_LOOKBACK) : k])
+            if any(_progress_past_start(c) for c in before):
+                return m.group(1), int(m.group(2)), int(m.group(3))
+            return None
+        if _progress_past_start(ln.content):
+            return None  # a step ran after the last change (or none was printed): not the first at its size
+    return None
 
 
 def restart_offsets(text: str) -> list[int]:

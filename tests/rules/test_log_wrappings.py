@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from triage.messages import first_step_bar, memory_samples, went_on_after
+from triage.messages import first_step_bar, memory_samples, size_change_before, went_on_after
 from triage.pipeline import diagnose_bundle, diagnose_text
 
 GiB = 1 << 30
@@ -572,3 +572,44 @@ def test_the_samples_are_the_last_attempts() -> None:
         for k in range(5)
     ]
     assert len(memory_samples("\n".join(per_epoch))) == 15
+
+
+# ---------------------------------------------------------------- the input grew just before the OOM
+STEPS_AT_2048 = "".join(
+    f" iteration {k:6d}/ 200000 | lm loss: 3.9 | grad norm: 0.8 |\n" for k in range(6000, 8000, 500)
+)
+CURRICULUM_OOM = (
+    'Traceback (most recent call last):\n  File "/w/pretrain_gpt.py", line 212, in <module>\n'
+    "    pretrain()\n"
+    "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 39.39 GiB total "
+    "capacity; 38.19 GiB already allocated; 418.72 MiB free; 38.47 GiB reserved in total by PyTorch)\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("between", "change"),
+    [
+        ("[curriculum] step 8000: seq_len 2048 -> 4096\n", ("seq_len", 2048, 4096)),
+        ("progressive resize: image_size from 224 to 384\n", ("image_size", 224, 384)),
+        ("[curriculum] seq_len 4096 -> 2048\n", None),  # shrank
+        # a step at the new size ran and printed before the failure: not the first at its size
+        ("[curriculum] step 8000: seq_len 2048 -> 4096\n iteration   8010/ 200000 | lm loss: 3.9 |\n", None),
+        ("", None),
+    ],
+)
+def test_the_input_grew_just_before_the_oom(between: str, change: tuple[str, int, int] | None) -> None:
+    text = STEPS_AT_2048 + between + CURRICULUM_OOM
+    assert size_change_before(text, text.count("\n")) == change
+
+
+def test_a_first_step_at_a_larger_input_that_did_not_fit_is_too_large() -> None:
+    d, ev = diagnose_text(STEPS_AT_2048 + "[curriculum] step 8000: seq_len 2048 -> 4096\n" + CURRICULUM_OOM)
+    assert ev.log_size_change == ("seq_len", 2048, 4096)
+    assert d.verdict == "workload_too_large"
+    assert any("seq_len 2048 -> 4096" in e.fact for e in d.evidence)
+    # without the log's word, a leak and a too-large step look the same here
+    d, _ = diagnose_text(STEPS_AT_2048 + CURRICULUM_OOM)
+    assert d.verdict == "inconclusive"
+    # nothing ran before the change: the size of the first step says nothing of a change
+    d, ev = diagnose_text("[curriculum] seq_len 2048 -> 4096\n" + CURRICULUM_OOM)
+    assert ev.log_size_change is None
