@@ -53,7 +53,9 @@ _RE_OTHER_KILLER = re.compile(
     # kubelet stopping the container, a spot instance reclaimed, torchrun's agent told to shut down
     r"|\bStopping container\b|\bspot (?:instance )?interruption\b|Received Signals\.SIGTERM death signal"
     # a Job past its activeDeadlineSeconds
-    r"|\bDeadlineExceeded\b|active longer than specified deadline",
+    r"|\bDeadlineExceeded\b|active longer than specified deadline"
+    # vLLM's front end after its engine died of an error it logged: it SIGKILLs its own process tree
+    r"|Got fatal signal from worker processes, shutting down",
     re.IGNORECASE | re.MULTILINE,
 )
 # words one of which every line matched by _RE_OTHER_KILLER, _RE_MIG_PROFILE or _RE_PRODUCT_NAME holds
@@ -71,6 +73,7 @@ _LOG_LINE_WORDS = (
     "stopping container",
     "spot",
     "sigterm",
+    "fatal signal",
     "mig",
     "nvidia",
     "tesla",

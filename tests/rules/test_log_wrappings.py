@@ -613,3 +613,19 @@ def test_a_first_step_at_a_larger_input_that_did_not_fit_is_too_large() -> None:
     # nothing ran before the change: the size of the first step says nothing of a change
     d, ev = diagnose_text("[curriculum] seq_len 2048 -> 4096\n" + CURRICULUM_OOM)
     assert ev.log_size_change is None
+
+
+def test_vllm_killing_its_own_process_tree_after_the_error_is_not_a_memory_kill() -> None:
+    """vLLM's front end, told its engine died (the error above), SIGKILLs its own process tree: the shell's
+    ``Killed`` after that line is its teardown, not the kernel's OOM killer. A ``Killed`` with nothing before
+    it to say who sent it is still read as the kernel's."""
+    start = VLLM_FREE.format(free="11.87", util="0.9", want="71.27")
+    teardown = (
+        "CRITICAL 07-14 09:31:23 [core_client.py:361] Got fatal signal from worker processes, shutting down. See "
+        "stack trace above for root cause issue.\nKilled\n"
+    )
+    d, ev = diagnose_text(start + teardown)
+    assert ev.other_killer is not None and "fatal signal" in ev.other_killer
+    assert d.verdict == "other_process"
+    _, ev = diagnose_text(start + "Killed\n")
+    assert ev.other_killer is None
