@@ -49,6 +49,7 @@ from triage.evidence import (
     LATE_RISES,
     RELEASED_CALLS,
     accumulating_site,
+    allocs_by_site,
     filling_site,
     kept_graphs,
     live_under_calls,
@@ -220,6 +221,42 @@ def _after_the_steps(ev: Evidence, leak: Survivors) -> StepSample | None:
     return last if leak.stats.first_time_us > last.time_us else None
 
 
+PER_STEP_SPAN = (0.8, 1.25)  # a site's blocks per step times their size, against the growth per step
+PER_STEP_CHANGES = 16  # sampled steps before a count of one size can follow them
+
+
+def _kept_per_step(ev: Evidence, per_step: float, changes: int) -> tuple[SiteStats, int, int, int] | None:
+    """(site, blocks per step, block size, blocks) of the one user site holding ``k`` (1-4) live blocks of
+    one size for every sampled step or more, whose ``k`` blocks come to what live memory grew by per step:
+    a tensor kept every step, when the run went on longer than the samples reach back (the site holds one
+    per step since the start; the samples show the last few thousand)."""
+    found: list[tuple[SiteStats, int, int, int]] = []
+    if changes < PER_STEP_CHANGES:
+        return None  # a few steps: a layer's activations of one size come in as many
+    for st in ev.sites:
+        if st.site.kind != "user" or _elsewhere(ev, st) or _loads_weights(st):
+            continue
+        for size, n in st.sizes.items():
+            k = max(1, round(per_step / size)) if size else 0
+            if (
+                1 <= k <= 4
+                and n >= 0.8 * k * changes
+                and PER_STEP_SPAN[0] <= k * size / per_step <= PER_STEP_SPAN[1]
+            ):
+                # most of them older than the trace: kept from earlier steps, not the step in flight
+                traced = allocs_by_site(ev)
+                raw = {t.device: t.raw for t in ev.timelines}
+                made = sum(
+                    1
+                    for dev in st.devices
+                    for i in traced.get((dev, st.site), [])
+                    if raw[dev][i].get("size") == size
+                )
+                if made <= 0.5 * n:
+                    found.append((st, k, size, n))
+    return found[0] if len(found) == 1 else None
+
+
 def _lead_by_growth(ev: Evidence, f: Finding) -> None:
     """When the steps prove a leak and the trace reaches back too little to show a site's blocks crossing
     steps: the one user site whose live blocks add up to what live memory grew by over the sampled steps
@@ -243,6 +280,21 @@ def _lead_by_growth(ev: Evidence, f: Finding) -> None:
         and not _loads_weights(st)
     ]
     older = " (most of them from before the trace began)" if ev.has_trace else ""
+    if not matches:
+        per_step = _kept_per_step(ev, grown / (trend.steps - 1), trend.steps - 1)
+        if per_step is not None:
+            st, k, size, n = per_step
+            f.leak_site = st.site.to_dict()
+            longer = (
+                " (the job ran more steps than the samples reach back to)"
+                if n > PER_STEP_SPAN[1] * k * (trend.steps - 1)
+                else ""
+            )
+            f.facts.append(
+                f"{n} blocks of {human(size)} allocated at {st.site.label} are alive{older}: {k} for each step, "
+                f"as live memory grew by about {human(k * size)} at each of the {trend.steps} sampled steps{longer}."
+            )
+            return
     if len(matches) == 1:
         st = matches[0]
         f.leak_site = st.site.to_dict()
@@ -835,6 +887,8 @@ def _evaluate(ev: Evidence) -> Finding | None:
         # a small rise after every single step: live memory after a step is exact to the byte in a
         # healthy loop, so even a few KiB a step is something kept; the longer the run, the surer
         f.score = LIKELY if trend.steps >= 20 and trend.rising_fraction >= 0.95 else LIKELY - 0.05
+        if flat_fact in f.facts:
+            f.facts.remove(flat_fact)  # flat beside the device, not beside the step before
         f.facts.append(
             f"{ev.step_series} rose in {trend.rising_fraction:.0%} of {trend.steps} steps, by "
             f"{human(trend.growth_bytes)} in all: small, but something is kept every step."

@@ -273,6 +273,7 @@ class StepTrend:
     flat_tail: int  # step-to-step changes at the end that stayed flat (within noise)
     tail_slope_ratio: float  # mean change over the last quarter / mean change before it (1.0 = steady)
     rise_at: tuple[int, ...] = ()  # indices of the step-to-step changes that were increases
+    rise_bytes: tuple[int, ...] = ()  # what each of those rose by
     tail_rises: int = 0  # step-to-step changes at the end that were all increases (a leak that began late)
     given_back: float = 0.0  # what the falls gave back, a share of all the rises (a cache cleared at times)
     # share of changes that fell by more than a twentieth of the largest rise: a staircase whose flat
@@ -302,6 +303,8 @@ class StepTrend:
         """Rises now and then, never falls (but by a sliver), and rises in every third of the run: what is kept at every
         evaluation or logging step. Growth, however few of the steps show it. (A cache fills in a burst
         and stops; one more rise later, after the batch grew, is not a staircase.)"""
+        if self.regular_pair:
+            return True
         if self.rises < 3 or self.plateaued:
             return False
         if self.major_falling_fraction > 0 and (
@@ -309,6 +312,18 @@ class StepTrend:
         ):
             return False  # a fall now and then that gives back a sliver of the rises (a buffer re-made) is not one
         return self.rises_throughout
+
+    @property
+    def regular_pair(self) -> bool:
+        """Two rises alone, of the same size (within ``EQUAL_RISES``), far apart, with the run ending before a
+        third was due (no later than half a wait again after the second): the same tensors kept at each of
+        two evaluations, the OOM coming in the third. A cache filling in bursts fills unevenly."""
+        if self.rises != 2:
+            return False
+        a, b = self.rise_bytes
+        wait = self.rise_at[1] - self.rise_at[0]
+        since = (self.steps - 1) - self.rise_at[1]
+        return wait >= 3 and abs(a - b) <= EQUAL_RISES * max(a, b) and since <= 1.5 * wait
 
     @property
     def rises_throughout(self) -> bool:
@@ -326,6 +341,8 @@ class StepTrend:
             return False
         if self.refilled:
             return True
+        if self.regular_pair:
+            return False  # the third rise was not due yet
         if self.late_growth_bytes <= 0.1 * self.early_growth_bytes:
             return True
         if self.late_growth_bytes > 0 and len(self.rise_at) >= 3:
@@ -452,6 +469,7 @@ class AlignedStep:
     unmatched: int = 0  # allocations of the failing call the earlier one did not make (counted as they are)
 
 
+EQUAL_RISES = 0.1  # two rises within this share of the larger are the same tensors kept again
 # of the largest step-to-step rise: a change smaller than this is a wobble beside it (memory printed at a
 # point of the step that moves a little, a variable-length batch's last tensors)
 MINOR_CHANGE = 0.05
@@ -515,6 +533,7 @@ def _trend_of(ss: Sequence[StepSample]) -> StepTrend | None:
         flat_tail=flat_tail,
         tail_slope_ratio=ratio,
         rise_at=tuple(i for i, d in enumerate(diffs) if d > noise),
+        rise_bytes=tuple(d for d in diffs if d > noise),
         tail_rises=next((i for i, d in enumerate(reversed(diffs)) if d <= noise), len(diffs)),
         given_back=-sum(d for d in diffs if d < 0) / max(1, sum(d for d in diffs if d > 0)),
         major_given_back=-sum(d for d in diffs if d < -floor) / max(1, sum(d for d in diffs if d > 0)),
