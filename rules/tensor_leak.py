@@ -221,6 +221,29 @@ def _after_the_steps(ev: Evidence, leak: Survivors) -> StepSample | None:
     return last if leak.stats.first_time_us > last.time_us else None
 
 
+PILE_MIN = 1000  # blocks of one size at one user line, none made in the trace, before they are a pile
+PILE_SIZE_SHARE = 0.9  # of the site's live blocks: all of one size
+PILE_SHARE = 0.1  # of live memory: a pile this large is worth naming (as a lead only)
+
+
+def _piled_site(ev: Evidence) -> tuple[SiteStats, int, int] | None:
+    """(site, block size, blocks) of the user line holding ``PILE_MIN`` or more live blocks, nearly all of one
+    size and none made in the trace, that are ``ACCUMULATING_SHARE`` of live memory or more: the same small
+    tensor kept over and over, read off a snapshot that shows neither steps nor the site's blocks being made."""
+    best: tuple[SiteStats, int, int] | None = None
+    for st in ev.sites:
+        if st.site.kind != "user" or st.traced or st.count < PILE_MIN or _loads_weights(st):
+            continue
+        size, n = max(st.sizes.items(), key=lambda kv: kv[1], default=(0, 0))
+        if (
+            n >= PILE_SIZE_SHARE * st.count
+            and n * size >= PILE_SHARE * (ev.allocated_bytes or 0) > 0
+            and (best is None or n * size > best[1] * best[2])
+        ):
+            best = (st, size, n)
+    return best
+
+
 PER_STEP_SPAN = (0.8, 1.25)  # a site's blocks per step times their size, against the growth per step
 PER_STEP_CHANGES = 16  # sampled steps before a count of one size can follow them
 
@@ -979,6 +1002,20 @@ def _evaluate(ev: Evidence) -> Finding | None:
                     f"{st.count} blocks from one line: what filled the device."
                 )
                 f.score = LIKELY
+        elif (pile := _piled_site(ev)) is not None:
+            st, size, n = pile
+            f.facts.append(
+                f"{n} blocks of exactly {human(size)} allocated at {st.site.label} are alive ({human(n * size)}, "
+                f"{n * size / (ev.allocated_bytes or 1):.0%} of live memory), all from before the trace began: one "
+                "small tensor kept again and again (a per-step or per-token value appended to a list) piles up "
+                "like this; weights and optimizer state come in many sizes, one per parameter."
+            )
+            f.missing.append(
+                "live memory after each step (the collector's step samples) or the job's step count: whether the "
+                "pile grew with the steps"
+            )
+            f.leak_site = st.site.to_dict()
+            f.score = LEAD
         elif ev.has_trace and ev.has_frames:
             f.score = 0.15
             f.facts.append("No allocation site in the trace kept blocks alive across steps.")
