@@ -1528,17 +1528,24 @@ def _progress_past_start(content: str) -> bool:
     return False
 
 
+def _traceback_head(text: str, line_no: int) -> tuple[list[str], int, int]:
+    """(lines of ``text``, index of the ``Traceback`` line above line ``line_no`` (1-based) or of the
+    last line searched, the index the search stopped above): ``_SETUP_LOOKBACK`` lines up at most."""
+    lines = text.split("\n")
+    i = min(line_no, len(lines)) - 2
+    stop = max(-1, line_no - 2 - _SETUP_LOOKBACK)
+    while i > stop and not _RE_TRACEBACK_HEAD.search(lines[i]):
+        i -= 1
+    return lines, i, stop
+
+
 def first_step_bar(text: str, line_no: int | None, rank: int | None = None) -> str | None:
     """The progress bar the log showed before the traceback that ends at line ``line_no`` (1-based), when
     it still read ``0/N`` and nothing printed before it showed any progress: the first step had not
     finished (a bar redraws as soon as a step ends). Returns the bar's ``0/N``; else None."""
     if line_no is None:
         return None
-    lines = text.split("\n")
-    i = min(line_no, len(lines)) - 2
-    stop = max(-1, line_no - 2 - _SETUP_LOOKBACK)
-    while i > stop and not _RE_TRACEBACK_HEAD.search(lines[i]):
-        i -= 1
+    lines, i, _ = _traceback_head(text, line_no)
     before = lines[: max(0, i)]
     if i >= 0 and (head := _RE_TRACEBACK_HEAD.search(lines[i])) and head.start() > 0:
         # the bar the traceback was printed on ("0/9375 [00:00<?, ?it/s]Traceback …")
@@ -1584,11 +1591,7 @@ def size_change_before(
     after it: the first step at the larger size is the one that failed."""
     if line_no is None:
         return None
-    lines = text.split("\n")
-    i = min(line_no, len(lines)) - 2
-    stop = max(-1, line_no - 2 - _SETUP_LOOKBACK)
-    while i > stop and not _RE_TRACEBACK_HEAD.search(lines[i]):
-        i -= 1
+    lines, i, stop = _traceback_head(text, line_no)
     for k in range(i - 1, stop, -1):
         ln = _strip_line(lines[k])
         if rank is not None and ln.g is not None and ln.g != rank:
