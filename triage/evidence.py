@@ -1150,8 +1150,18 @@ def _earlier_attempt_pids(text: str, line_no: int | None) -> set[int]:
 
 
 def _launcher_pids(text: str) -> set[int]:
-    """The job's worker pids its launcher's lines in ``text`` name."""
-    return {int(g) for m in _RE_LAUNCHER_PID.finditer(text) for g in m.groups() if g is not None}
+    """The job's worker pids its launcher's lines in ``text`` name (only lines that say "pid" or "process"
+    are searched: every pattern holds one of the two)."""
+    from triage.messages import lines_holding
+
+    lines = text.split("\n")
+    return {
+        int(g)
+        for i in lines_holding(lines, ("pid", "process"))
+        for m in _RE_LAUNCHER_PID.finditer(lines[i])
+        for g in m.groups()
+        if g is not None
+    }
 
 
 def _pick_message(ev: Evidence) -> None:

@@ -1255,6 +1255,7 @@ _RE_HOST_MEM = re.compile(
     re.IGNORECASE,
 )
 _HOST_UNITS = {"G": "GIB", "M": "MIB"}
+_HOST_MEM_WORDS = ("rss", "host", "cpu", "ram", "estart")  # one of which every line read above holds
 MIN_HOST_SAMPLES = 6
 
 
@@ -1263,12 +1264,13 @@ def host_memory_samples(text: str) -> list[tuple[int, int]]:
     number, the sum of what it printed for the process and its workers (keys naming a peak or a maximum
     left out); a line without one is the next step in order. The last attempt's only (after a restart)."""
     out: list[tuple[int, int]] = []
-    for raw in text.split("\n"):
-        low = raw.lower()
-        if "rss" not in low and "mem" not in low and "ram" not in low:
-            continue
+    lines = text.split("\n")
+    for i in lines_holding(lines, _HOST_MEM_WORDS):
+        raw = lines[i]
         if "estart" in raw and _RE_RESTART.search(raw):
             out.clear()
+            continue
+        if not _RE_HOST_MEM.search(raw):
             continue
         content = _strip_line(raw).content
         total = 0
