@@ -228,7 +228,7 @@ PILE_SHARE = 0.1  # of live memory: a pile this large is worth naming (as a lead
 
 def _piled_site(ev: Evidence) -> tuple[SiteStats, int, int] | None:
     """(site, block size, blocks) of the user line holding ``PILE_MIN`` or more live blocks, nearly all of one
-    size and none made in the trace, that are ``ACCUMULATING_SHARE`` of live memory or more: the same small
+    size and none made in the trace, that are ``PILE_SHARE`` of live memory or more: the same small
     tensor kept over and over, read off a snapshot that shows neither steps nor the site's blocks being made."""
     best: tuple[SiteStats, int, int] | None = None
     for st in ev.sites:
@@ -253,9 +253,9 @@ def _kept_per_step(ev: Evidence, per_step: float, changes: int) -> tuple[SiteSta
     one size for every sampled step or more, whose ``k`` blocks come to what live memory grew by per step:
     a tensor kept every step, when the run went on longer than the samples reach back (the site holds one
     per step since the start; the samples show the last few thousand)."""
-    found: list[tuple[SiteStats, int, int, int]] = []
     if changes < PER_STEP_CHANGES:
         return None  # a few steps: a layer's activations of one size come in as many
+    found: list[tuple[SiteStats, int, int, int]] = []
     for st in ev.sites:
         if st.site.kind != "user" or _elsewhere(ev, st) or _loads_weights(st):
             continue
@@ -265,19 +265,22 @@ def _kept_per_step(ev: Evidence, per_step: float, changes: int) -> tuple[SiteSta
                 1 <= k <= 4
                 and n >= 0.8 * k * changes
                 and PER_STEP_SPAN[0] <= k * size / per_step <= PER_STEP_SPAN[1]
+                and _made_in_trace(ev, st, size) <= 0.5 * n  # most kept from earlier steps, not this one's
             ):
-                # most of them older than the trace: kept from earlier steps, not the step in flight
-                traced = allocs_by_site(ev)
-                raw = {t.device: t.raw for t in ev.timelines}
-                made = sum(
-                    1
-                    for dev in st.devices
-                    for i in traced.get((dev, st.site), [])
-                    if raw[dev][i].get("size") == size
-                )
-                if made <= 0.5 * n:
-                    found.append((st, k, size, n))
+                found.append((st, k, size, n))
     return found[0] if len(found) == 1 else None
+
+
+def _made_in_trace(ev: Evidence, st: SiteStats, size: int) -> int:
+    """How many allocations of ``size`` bytes the site made in the trace."""
+    traced = allocs_by_site(ev)
+    return sum(
+        1
+        for tl in ev.timelines
+        if tl.device in st.devices
+        for i in traced.get((tl.device, st.site), [])
+        if tl.raw[i].get("size") == size
+    )
 
 
 def _lead_by_growth(ev: Evidence, f: Finding) -> None:

@@ -85,6 +85,19 @@ class Trace:
             self.free(a)
         return kept
 
+    def oom(self, size: int, frames: list[dict[str, Any]], device_free: int = 0) -> None:
+        """The allocator's ``oom`` entry for a request of ``size`` bytes it could not serve."""
+        self.entries.append(
+            {
+                "action": "oom",
+                "addr": 0,
+                "size": size,
+                "stream": 0,
+                "device_free": device_free,
+                "frames": frames,
+            }
+        )
+
     def segments(self) -> list[dict[str, Any]]:
         return [one_block_segment(self.device, a, size, fr) for a, (size, fr) in self.live.items()]
 

@@ -46,9 +46,7 @@ def kept_by_one_caller(*, lines: tuple[int, ...]) -> dict[str, Any]:
     t = Trace(0)
     for _ in range(4):
         t.alloc(512 * MiB, ACT)
-    t.entries.append(
-        {"action": "oom", "addr": 0, "size": 1024 * MiB, "stream": 0, "device_free": 0, "frames": ACT}
-    )
+    t.oom(1024 * MiB, ACT)
     raw = {"segments": segments + t.segments(), "device_traces": [t.entries]}
     timeline = [
         {
@@ -86,9 +84,7 @@ def varying_steps(*, last_peak_gib: float) -> dict[str, Any]:
     addr += 1 << 33
     segments.append(one_block_segment(0, addr, 10 * GIB, ACT))
     t = Trace(0)
-    t.entries.append(
-        {"action": "oom", "addr": 0, "size": 2 * GIB, "stream": 0, "device_free": 1 * GIB, "frames": ACT}
-    )
+    t.oom(2 * GIB, ACT, device_free=1 * GIB)
     raw = {"segments": segments, "device_traces": [t.entries]}
     peaks = [20 + (last_peak_gib - 20) * ((k * 7) % 30) / 29 for k in range(30)]
     timeline = [
@@ -136,9 +132,7 @@ def concatenated_state(*, replaced: bool) -> dict[str, Any]:
         segments.append(one_block_segment(0, older, state - 64 * MiB, []))
     for a in acts:
         t.free(a)
-    t.entries.append(
-        {"action": "oom", "addr": 0, "size": 1024 * MiB, "stream": 0, "device_free": 0, "frames": ACT}
-    )
+    t.oom(1024 * MiB, ACT)
     raw = {"segments": segments + t.segments(), "device_traces": [t.entries]}
     timeline = [
         {
@@ -178,9 +172,7 @@ def kept_per_step(*, step: int, kept: int) -> dict[str, Any]:
     t = Trace(0)
     for k in range(6):
         t.alloc((40 + 8 * k) * MiB, LOGITS)
-    t.entries.append(
-        {"action": "oom", "addr": 0, "size": 250 * MiB, "stream": 0, "device_free": 0, "frames": LOGITS}
-    )
+    t.oom(250 * MiB, LOGITS)
     raw = {"segments": segments + t.segments(), "device_traces": [t.entries]}
     return bundle(raw, step=step, timeline=[], batch_size=4)
 

@@ -26,9 +26,7 @@ def piled(sizes: list[int]) -> dict[str, Any]:
     t = Trace(0)
     for _ in range(8):
         t.alloc(256 * MiB, ACT)
-    t.entries.append(
-        {"action": "oom", "addr": 0, "size": 1024 * MiB, "stream": 0, "device_free": 0, "frames": ACT}
-    )
+    t.oom(1024 * MiB, ACT)
     segments = t.segments()
     addr = 1 << 46
     for size in sizes:

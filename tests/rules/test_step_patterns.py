@@ -60,9 +60,7 @@ def slow_leak(*, kept_blocks: int, block: int) -> dict[str, Any]:
     t = Trace(0)
     for _ in range(6):
         t.alloc(512 * MiB, ACT)
-    t.entries.append(
-        {"action": "oom", "addr": 0, "size": 2 * GIB, "stream": 0, "device_free": 0, "frames": ACT}
-    )
+    t.oom(2 * GIB, ACT)
     segments = t.segments()
     addr = 1 << 46
     for _ in range(kept_blocks):

@@ -45,9 +45,7 @@ def server(*, level: int, leak_every: int | None) -> dict[str, Any]:
             finished += 1
             if leak_every is None or finished % leak_every:
                 t.free(done)
-    t.entries.append(
-        {"action": "oom", "addr": 0, "size": 2048 * MiB, "stream": 0, "device_free": 800 * MiB, "frames": ACT}
-    )
+    t.oom(2048 * MiB, ACT, device_free=800 * MiB)
     segments = t.segments()
     base = 1 << 46
     for k in range(6):
