@@ -55,13 +55,16 @@ _RE_OTHER_KILLER = re.compile(
     # a Job past its activeDeadlineSeconds
     r"|\bDeadlineExceeded\b|active longer than specified deadline"
     # vLLM's front end after its engine died of an error it logged: it SIGKILLs its own process tree
-    r"|Got fatal signal from worker processes, shutting down",
+    r"|Got fatal signal from worker processes, shutting down"
+    # Lightning's launcher after a child process failed: it SIGKILLs the rest, and the shell prints Killed
+    r"|Forcefully terminating all other processes",
     re.IGNORECASE | re.MULTILINE,
 )
 # words one of which every line matched by _RE_OTHER_KILLER, _RE_MIG_PROFILE or _RE_PRODUCT_NAME holds
 # (lower case): only those lines of a log are searched
 _LOG_LINE_WORDS = (
     "kill",
+    "forcefully",
     "deadline",
     "liveness",
     "time limit",
@@ -1746,6 +1749,15 @@ def _log_samples(ev: Evidence, text: str, from_log: set[int]) -> None:
     # not what they left behind: no floor. A peak that is never reset rises whenever a larger input comes;
     # only a long run of prints that rise nearly every time reads as growth
     floors = [s["allocated_bytes"] for s in samples if not s.get("peak_only")]
+    if floors and len(floors) < len(samples):
+        # two loggers: one printed live memory, another the peak alone (detectron2's max_mem beside the job's
+        # own prints). Interleaved they saw-tooth; each series is read on its own
+        samples = (
+            _fold_peaks(samples)
+            if len(floors) >= MIN_LOG_SAMPLES
+            else [s for s in samples if s.get("peak_only")]
+        )
+        floors = [s["allocated_bytes"] for s in samples if not s.get("peak_only")]
     peaks_only = bool(samples) and not floors
     if floors and not other_ranks:
         ev.log_floor_bytes = min(floors)
@@ -1765,6 +1777,20 @@ def _log_samples(ev: Evidence, text: str, from_log: set[int]) -> None:
             f"{human(ev.steps[-1].allocated_bytes)})"
             + (f", printed by other ranks than the failing rank {m.rank}." if other_ranks and m else ".")
         )
+
+
+def _fold_peaks(samples: list[dict[str, int]]) -> list[dict[str, int]]:
+    """The samples of live memory, each with the highest peak printed alone since the one before it (a
+    running peak is never below the step's own)."""
+    out: list[dict[str, int]] = []
+    pending = 0
+    for s in samples:
+        if s.get("peak_only"):
+            pending = max(pending, s["peak_allocated_bytes"])
+            continue
+        out.append({**s, "peak_allocated_bytes": max(s["peak_allocated_bytes"], pending)})
+        pending = 0
+    return out
 
 
 def _phase_trend(ss: Sequence[StepSample]) -> StepTrend | None:

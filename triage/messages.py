@@ -1168,11 +1168,12 @@ def went_on_after(text: str, line_no: int, rank: int | None = None) -> tuple[int
 # What a training loop prints of its live GPU memory, per step: DeepSpeed's ``see_memory_usage`` ("MA 21.3 GB
 # Max_MA 27.4 GB CA …", GiB printed as GB), and ``torch.cuda.memory_allocated()`` printed under any name that
 # says allocated (``mem_allocated 14.2 GiB``, ``memory_allocated()=9663676416``, ``| alloc 22.41 GiB |``,
-# DeepSpeed's timer ``MemAllocated=22.1GB, MaxMemAllocated=31.5GB``); a max or peak value is the peak.
+# DeepSpeed's timer ``MemAllocated=22.1GB, MaxMemAllocated=31.5GB``, Lightning's ``mem/alloc_gib=43.4``,
+# ``peak_allocated(step)=44.2 GiB``); a max or peak value is the peak.
 _RE_DS_MA = re.compile(r"(?<![\w])MA (\d{1,9}(?:\.\d{1,6})?) ?GB\s{1,40}Max_MA (\d{1,9}(?:\.\d{1,6})?) ?GB")
 _RE_ALLOCATED = re.compile(
-    r"(?<![\w.])((?:(?:[A-Za-z_]{1,40}[._]){0,4}alloc(?:ated)?|(?-i:(?:[A-Z][a-z]{1,10}){1,3}Alloc(?:ated)?))"
-    r"(?:_bytes(?:\.all\.current)?|_(gib|mib|gb|mb))?(?:\(\))?)"
+    r"(?<![\w.])((?:(?:[A-Za-z_]{1,40}[._/]){0,4}alloc(?:ated)?|(?-i:(?:[A-Z][a-z]{1,10}){1,3}Alloc(?:ated)?))"
+    r"(?:_bytes(?:\.all\.current)?|_(gib|mib|gb|mb))?(?:\([a-z_]{0,12}\))?)"
     r"['\"]?\s{0,3}[:=]?\s{0,3}(\d{1,20}(?:\.\d{1,6})?(?:e\+?\d{1,2})?)\s{0,2}(GiB|MiB|KiB|GB|MB|KB|G|M|bytes|B)?(?![\w])",
     re.IGNORECASE,
 )
@@ -1201,6 +1202,19 @@ _RE_ALLOC_PAIR = re.compile(
     r"(\d{1,20}(?:\.\d{1,6})?)\s{0,2}/\s{0,2}\d{1,20}(?:\.\d{1,6})?\s{0,2}(GiB|MiB|GB|MB|G|M)(?![\w])",
     re.IGNORECASE,
 )
+# the size printed before the word ("mem 5.21GiB alloc / 11.69GiB reserved", "12.1 GB allocated")
+_RE_SIZE_ALLOCATED = re.compile(
+    r"(?<![\w.])(\d{1,9}(?:\.\d{1,6})?)\s{0,2}(GiB|MiB|GB|MB|G|M)\s{1,2}alloc(?:ated)?(?![\w])", re.IGNORECASE
+)
+# GPU memory under a key that does not say which counter ("Mem 0.57G", "gpu_mem_gb=6.21", "cuda_memory: 12 GiB"):
+# allocated, reserved or a peak, so read as the weakest of them, a peak printed alone
+_RE_GENERIC_MEM = re.compile(
+    r"(?<![\w./])((?:gpu|cuda)[ _]?mem(?:ory)?|mem(?:ory)?)(?:_(gib|mib|gb|mb))?['\"]?\s{0,3}[:=]?\s{0,3}"
+    r"(\d{1,9}(?:\.\d{1,6})?)\s{0,2}(GiB|MiB|GB|MB|G|M)?(?![\w])",
+    re.IGNORECASE,
+)
+# a word just before a generic key that makes it another counter ("reserved mem: 16G", "host memory 12 GB")
+_RE_NOT_LIVE = re.compile(r"reserv|cach|free|total|avail|host|cpu|sys|ram", re.IGNORECASE)
 _RE_PEAK_WORD = re.compile(r"max|peak", re.IGNORECASE)
 _DS_TIMER_KEYS = frozenset({"MemAllocated", "MaxMemAllocated"})
 # the word in front, apart from the key: Megatron's "| max allocated: 53440.1 |", "peak allocated 31.2 GiB"
@@ -1297,6 +1311,9 @@ def _may_sample(line: str) -> bool:
     """Whether a line holds a word one of the sample patterns needs (cheap, before the patterns run)."""
     return (
         "lloc" in line
+        or "mem" in line
+        or "Mem" in line
+        or "MEM" in line
         or "MA " in line
         or any(k in line for k in _INTL_ALLOCATED)
         or any(k in line for k in _PEAK_ONLY_WORDS)
@@ -1391,11 +1408,18 @@ def _sample_on(content: str) -> dict[str, int] | None:
         else:  # unitless and small: MiB, as torchvision's MetricLogger prints it
             size = parse_size(m.group(2), _SHORT_UNITS.get((unit or "M").upper(), unit or "MiB"))
         return {"allocated_bytes": size, "peak_allocated_bytes": size, "peak_only": 1}
-    if current is None:
-        m = _RE_ALLOC_PAIR.search(content)
-        if m is None:
-            return None
+    if current is None and (m := _RE_ALLOC_PAIR.search(content)) is not None:
         current = parse_size(m.group(1), _SHORT_UNITS.get(m.group(2).upper(), m.group(2)))
+    if current is None and (m := _RE_SIZE_ALLOCATED.search(content)) is not None:
+        current = parse_size(m.group(1), _SHORT_UNITS.get(m.group(2).upper(), m.group(2)))
+    if current is None and (m := _RE_GENERIC_MEM.search(content)) is not None:
+        unit = m.group(4) or m.group(2)
+        if unit is None or _RE_NOT_LIVE.search(content, max(0, m.start() - 12), m.start()):
+            return None  # a bare number, or the reservation's, the host's or the device's free memory
+        size = parse_size(m.group(3), _SHORT_UNITS.get(unit.upper(), unit))
+        return {"allocated_bytes": size, "peak_allocated_bytes": size, "peak_only": 1}
+    if current is None:
+        return None
     return {"allocated_bytes": current, "peak_allocated_bytes": max(current, peak or 0)}
 
 
@@ -1444,6 +1468,9 @@ _RE_SETUP_FRAME = re.compile(
     r'|deepspeed/__init__\.py", line \d+, in initialize'
     r'|accelerate/accelerator\.py", line \d+, in prepare(?:_model)?'
     r'|", line \d+, in (?:from_pretrained|load_state_dict)'
+    # a checkpoint loaded straight onto the device (torch.load(map_location="cuda"), safetensors' load_file)
+    r'|torch/serialization\.py", line \d+, in load'
+    r'|safetensors/torch\.py", line \d+, in load_file'
     # an inference server sizing itself before it serves: vLLM's profiling, warm-up and graph capture
     r'|vllm/[^"]{1,200}", line \d+, in (?:profile_run|_dummy_run|_dummy_sampler_run|determine_num_available_blocks'
     r"|determine_available_memory|capture_model|compile_or_warm_up_model|_initialize_kv_caches)"

@@ -1,0 +1,135 @@
+"""Live memory as loggers print it beside their steps, in the forms a log reader meets: the size before the
+word (``mem 5.21GiB alloc``), keys joined by slashes (Lightning's ``mem/alloc_gib``), a qualified peak key
+(``peak_allocated(step)``), a key that does not say which counter (``Mem 0.57G``), and two loggers at once
+(detectron2's ``max_mem`` beside the job's own live-memory print); the launchers' own SIGKILL after a failed
+child, and a checkpoint loaded straight onto the device before the first step. Each is pinned on both sides.
+
+The lines follow what nanoGPT-style loops, Lightning, detectron2 and torch.load print (no framework runs
+here).
+"""
+
+from __future__ import annotations
+
+from triage.messages import memory_samples, setup_frame
+from triage.pipeline import diagnose_text
+
+GiB = 1 << 30
+
+OOM_L4 = (
+    "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 392.00 MiB. GPU 0 has a total capacity "
+    "of 22.06 GiB of which 288.00 MiB is free. Including non-PyTorch memory, this process has 21.78 GiB memory "
+    "in use. Of the allocated memory 21.11 GiB is allocated by PyTorch, and 256.00 MiB is reserved by PyTorch "
+    "but unallocated."
+)
+TRACEBACK = (
+    'Traceback (most recent call last):\n  File "/app/train.py", line 96, in training_step\n'
+    "    logits = self.backbone(x)\n"
+)
+
+
+def test_the_size_printed_before_the_word_allocated() -> None:
+    text = "\n".join(
+        f"iter {100 * k}: loss 10.5, time 2400.00ms, mem {5.21 + 1.12 * k:.2f}GiB alloc / {11.69 + 1.12 * k:.2f}GiB "
+        "reserved"
+        for k in range(6)
+    )
+    samples = memory_samples(text)
+    assert [s["step"] for s in samples] == [0, 100, 200, 300, 400, 500]
+    assert samples[0]["allocated_bytes"] == round(5.21 * GiB)
+    assert "peak_only" not in samples[0]
+    # the reservation printed alone, size first, is not live memory
+    assert memory_samples("iter 1: 11.69GiB reserved\niter 2: 12.81GiB reserved\n") == []
+
+
+def test_slashed_keys_and_a_qualified_peak_key() -> None:
+    bar = "Epoch 0:  5%| | 100/2000 [01:22<25:58, 1.22it/s, train/loss=0.664, mem/alloc_gib=43.4, mem/reserved_gib=58.2]"
+    assert memory_samples(bar) == [
+        {"allocated_bytes": round(43.4 * GiB), "peak_allocated_bytes": round(43.4 * GiB), "step": 100}
+    ]
+    line = "[mem] step 10400: allocated=30.31 GiB peak_allocated(step)=44.18 GiB reserved=61.20 GiB"
+    assert memory_samples(line) == [
+        {"allocated_bytes": round(30.31 * GiB), "peak_allocated_bytes": round(44.18 * GiB), "step": 10400}
+    ]
+
+
+def test_a_key_that_does_not_say_which_counter_is_read_as_a_peak_alone() -> None:
+    line = "Epoch: [0][{s:4d}/1015]\tTime  0.452 ( 0.464)\tLoss 9.6538e+00 (9.8538e+00)\tMem {m:.2f}G"
+    samples = memory_samples("\n".join(line.format(s=100 * k, m=0.57 + 0.39 * k) for k in range(10)))
+    assert len(samples) == 10
+    assert all(s.get("peak_only") == 1 for s in samples)
+    assert samples[-1]["peak_allocated_bytes"] == round((0.57 + 0.39 * 9) * GiB)
+    # the reservation's, the host's and a bare number are not
+    assert memory_samples("step 1 reserved mem: 16.6G\nstep 2 host memory 12 GB\nstep 3 mem: 1234\n") == []
+
+
+def _two_loggers(live: list[float]) -> str:
+    lines = []
+    for k, level in enumerate(live):
+        for j in range(5):
+            it = 500 * k + 80 * j + 19
+            lines.append(
+                f"d2.utils.events INFO:  iter: {it}  total_loss: 2.9  lr: 1.0e-04  max_mem: {44577 + 4 * it}M"
+            )
+        lines.append(
+            f"vitdet.train INFO: [memdebug] iter {500 * (k + 1)}: live allocated {level:.2f} GiB between steps"
+        )
+    return "\n".join(lines)
+
+
+def test_two_loggers_live_memory_and_the_peak_alone_are_read_apart() -> None:
+    # four live-memory prints: the live series, each with the highest peak printed since the one before
+    text = _two_loggers([21.44, 33.45, 45.46, 57.47]) + "\n" + TRACEBACK + OOM_L4 + "\n"
+    _, ev = diagnose_text(text)
+    assert [s.allocated_bytes for s in ev.steps] == [round(x * GiB) for x in (21.44, 33.45, 45.46, 57.47)]
+    assert ev.steps[0].peak_allocated_bytes == (44577 + 4 * 339) * (1 << 20)
+    assert not ev.log_peaks_only
+    # three: too few for a live series; the peaks printed alone are the steps
+    _, ev = diagnose_text(_two_loggers([21.44, 33.45, 45.46]) + "\n" + TRACEBACK + OOM_L4 + "\n")
+    assert ev.log_peaks_only
+    assert len(ev.steps) == 15
+    assert ev.trend is not None and ev.trend.rising_fraction == 1.0
+
+
+def _lightning(kill_line: str) -> str:
+    bars = "\r".join(
+        f"Epoch 0:  {k}%| | {50 * k}/400 [00:36<04:15, 1.37it/s, train_loss=3.9, gpu_mem_gb={6.21 + 0.2 * k:.2f}]"
+        for k in range(1, 9)
+    )
+    return (
+        "Initializing distributed: GLOBAL_RANK: 2, MEMBER: 3/4\n" + bars + "\n" + TRACEBACK + OOM_L4 + "\n"
+        "[rank: 2] Child process with PID 23145 terminated with code 1. " + kill_line + "\nKilled\n"
+    )
+
+
+def test_lightning_killing_the_other_processes_after_a_child_failed_is_not_a_memory_kill() -> None:
+    d, ev = diagnose_text(_lightning("Forcefully terminating all other processes to avoid zombies 🧟"))
+    assert ev.other_killer is not None and "Forcefully terminating" in ev.other_killer
+    assert d.verdict != "host_memory_limit"
+    # without the launcher's word, Killed after the traceback is the kernel's
+    d, ev = diagnose_text(_lightning(""))
+    assert ev.other_killer is None
+    assert "host_memory_limit" in d.candidates
+
+
+CKPT_TRACEBACK = """Traceback (most recent call last):
+  File "/app/train.py", line 296, in main
+    state = load_checkpoint(cfg.resume, model, optimizer)
+  File "/app/utils/ckpt.py", line 52, in load_checkpoint
+    ckpt = torch.load(path, map_location="cuda")
+  File "/usr/local/lib/python3.10/dist-packages/torch/serialization.py", line 1014, in load
+    return _load(opened_zipfile,
+  File "/usr/local/lib/python3.10/dist-packages/torch/serialization.py", line 279, in _cuda_deserialize
+    return obj.cuda(device)
+"""
+
+
+def test_a_checkpoint_loaded_onto_the_device_before_any_step_is_setup() -> None:
+    text = "INFO model on device, allocated=4.89 GiB\n" + CKPT_TRACEBACK + OOM_L4 + "\n"
+    line_no = text.count("\n")
+    assert setup_frame(text, line_no) == "serialization.py:1014 in load"
+    d, ev = diagnose_text(text)
+    assert ev.step == 0
+    assert d.verdict == "workload_too_large"
+    # the same load after training had gone on (an evaluation swapping weights in) is not setup
+    text = "step 1200 | loss 0.52\n" + CKPT_TRACEBACK + OOM_L4 + "\n"
+    assert setup_frame(text, text.count("\n")) is None
