@@ -6,7 +6,8 @@ monitoring agent) is invisible to PyTorch's accounting but shows in NVML's proce
 message ("Process PID has X memory in use"). The job's own process appears there too — in a container
 with its own PID namespace torch cannot tell it is itself and prints ``Process PID`` instead of
 "this process" — so it is recognised by its pid (the collector records the job's pids) or, failing
-that, by its usage matching the job's reservation plus its CUDA context. The verdict needs the other
+that, by its usage matching the job's reservation plus its CUDA context; an nvidia-smi listing a log printed before the job started
+holds only others. The verdict needs the other
 processes' memory to be what made the difference: with it released, the request would have fitted.
 A neighbour too small to count on its own still decides when the job had run in the margin it took: the
 earlier steps at the same batch size peaked at what the failing moment needed and fitted, and the job is
@@ -76,6 +77,11 @@ def evaluate(ev: Evidence) -> Finding | None:
         )
         if ev.own_process_identified:
             f.facts.append(f"Other processes hold {human(other_bytes)} on the GPU: {names}.")
+        elif ev.log_smi_before_start:
+            f.facts.append(
+                f"nvidia-smi listed processes holding {human(other_bytes)} on the GPU before the job showed any "
+                f"progress: {names}. They were there before it."
+            )
         else:
             f.facts.append(f"Processes on the GPU, none known to be the job itself: {names}.")
         f.values.update({"other_process_bytes": other_bytes, "processes": [p.pid for p in others]})
@@ -83,7 +89,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         if not fits_without:
             f.facts.append("Even without them the request would not have fitted.")
             f.score = CANDIDATE
-        elif ev.own_process_identified:
+        elif ev.own_process_identified or ev.log_smi_before_start:
             f.score = (
                 STRONG if any(p.source == "nvml" for p in ev.processes) and ev.own_pids else LIKELY + 0.05
             )

@@ -89,6 +89,7 @@ VERDICT = "workload_too_large"
 OWNER = "algorithm"
 
 EARLY_STEPS = FIRST_STEPS  # an OOM in the first steps: nothing had time to leak
+CROWDED_UNKNOWN_TOTAL = 8 * GiB  # held by neighbours on a device of unknown size: a tenth of a large GPU
 
 
 def usable_bytes(ev: Evidence) -> int | None:
@@ -433,8 +434,10 @@ def evaluate(ev: Evidence) -> Finding | None:
             )
             f.score = max(f.score, POSSIBLE) + 0.05
     # a neighbour holding a tenth of the device or more: the job may not be what ran out
+    # (the device's size unknown: a neighbour holding more than a large GPU's tenth)
     crowded = bool(
-        ev.other_process_bytes and ev.total_bytes and ev.other_process_bytes > 0.1 * ev.total_bytes
+        ev.other_process_bytes
+        and ev.other_process_bytes > (0.1 * ev.total_bytes if ev.total_bytes else CROWDED_UNKNOWN_TOTAL)
     )
     neighbour_penalty = 0.2 if crowded else 0.0
     f.score -= neighbour_penalty

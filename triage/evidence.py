@@ -27,13 +27,19 @@ from triage.snapshot.timeline import DeviceTimeline, replay
 from triage.units import GiB, MiB, human
 
 if TYPE_CHECKING:
-    from triage.messages import OomMessage
+    from triage.messages import OomMessage, SmiProcess
 
 _RE_MIG_PROFILE = re.compile(r"\bMIG[ -]?(\d{1,2}g\.\d{1,3}gb(?:\+me)?)\b", re.IGNORECASE)
 # the slice a pod asked for: its Kubernetes resource name (``nvidia.com/mig-3g.40gb: 1``)
 _RE_MIG_RESOURCE = re.compile(r"nvidia\.com/mig-(\d{1,2}g\.(\d{1,3})gb(?:\+me)?)\b", re.IGNORECASE)
 # the GPU feature discovery label of the node the pod was scheduled to (or selected): its GPUs' memory in
 # MiB, what the pod enrichment reads as the size the job was declared for
+# the GPU type a job asked for by its GKE accelerator name ("cloud.google.com/gke-accelerator: nvidia-a100-80gb",
+# a launcher's "accelerator=nvidia-h100-80gb"): the names that state their memory (NVIDIA's GB, i.e. GiB)
+_RE_GKE_ACCELERATOR = re.compile(
+    r"accelerator\s{0,2}[=:]\s{0,2}[\"']?(nvidia-(?:tesla-)?[a-z0-9]{2,8}(?:-[a-z]{2,8})?-(\d{2,3})gb)\b",
+    re.IGNORECASE,
+)
 _RE_GFD_MEMORY = re.compile(r"nvidia\.com/gpu\.memory\s{0,2}[=:]\s{0,2}[\"']?(\d{4,7})\b")
 # an NVIDIA product name that states its memory, as torch.cuda.get_device_name() or nvidia-smi print it
 # ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "Tesla V100-SXM2-32GB")
@@ -100,7 +106,9 @@ _RE_LAUNCHER_PID = re.compile(
     r"|\((?:RayTrainWorker|TorchTrainer|_RayTrainWorker\w*) pid=(\d+)"
     r"|pid=(\d+)\) world_rank="
     # a rank reporting its own pid ("[rank3] pid=40114 device=cuda:3", "rank 3 pid=40114")
-    r"|^\[rank\d+\]:?\s*pid[=:]\s*(\d+)|\brank[ =:]\s*\d+,?\s+pid[=:]\s*(\d+)",
+    r"|^\[rank\d+\]:?\s*pid[=:]\s*(\d+)|\brank[ =:]\s*\d+,?\s+pid[=:]\s*(\d+)"
+    # NCCL's own prefix on every line a rank prints: host:pid:tid [device]
+    r"|(?<![\w:.-])[\w.-]{1,100}:(\d{1,9}):\d{1,9} \[\d{1,3}\] NCCL ",
     re.MULTILINE,
 )
 # torchrun's error summary names the first rank that failed: the others may have failed because of it
@@ -194,7 +202,7 @@ class Process:
     pid: int | None
     used_bytes: int
     own: bool
-    source: str  # "nvml" | "message"
+    source: str  # "nvml" | "message" | "nvidia-smi" (a listing printed in the log)
     name: str = ""
 
 
@@ -588,6 +596,7 @@ class Evidence:
     log_mig_profile: str | None = None  # the one MIG profile the log text names (nvidia-smi, a device print)
     log_asked_mig: tuple[str, int] | None = None  # (profile, GB) of the MIG resource the log shows asked for
     log_gpu_label_bytes: int | None = None  # the one nvidia.com/gpu.memory label the log prints (bytes)
+    log_asked_gpu: tuple[str, int] | None = None  # the one GKE accelerator the log names: (name, bytes)
     # (first step, its bytes, last step, its bytes) of host memory the log printed at its steps, when it rose
     # at nearly every print (``host_growth``)
     host_growth: tuple[int, int, int, int] | None = None
@@ -654,6 +663,8 @@ class Evidence:
     exit_code: int | None = None
     other_killer: str | None = None  # a line naming another sender of SIGKILL (timeout, liveness probe, …)
     launcher_pids: set[int] = field(default_factory=set)  # the job's workers, from its launcher's lines
+    log_smi: list[SmiProcess] = field(default_factory=list)  # the last process listing nvidia-smi printed
+    log_smi_before_start: bool = False  # ... printed before the job showed any progress or failed
     earlier_attempt_pids: set[int] = field(default_factory=set)  # workers of attempts before a restart
     setup_call: str | None = None  # the model-setup frame a log's OOM came under, before any training step
     first_step_bar: str | None = (
@@ -1056,6 +1067,12 @@ def build_evidence(
         labelled = {int(v) for ln in candidates for v in _RE_GFD_MEMORY.findall(ln)}
         if len(labelled) == 1:  # several nodes' labels listed: not decided
             ev.log_gpu_label_bytes = labelled.pop() * MiB
+        accelerators = {
+            (a.lower(), int(gb)) for ln in candidates for a, gb in _RE_GKE_ACCELERATOR.findall(ln)
+        }
+        if len(accelerators) == 1:
+            name, gb = accelerators.pop()
+            ev.log_asked_gpu = (name, gb * GiB)
         profiles = {
             p.lower()
             for ln in candidates
@@ -1101,6 +1118,12 @@ def build_evidence(
             from triage.messages import size_change_before
 
             ev.log_size_change = size_change_before(text, ev.message.line_no, ev.message.rank)
+        from triage.messages import progress_before, smi_listing
+
+        ev.log_smi = smi_listing(text)
+        if ev.log_smi:
+            first = ev.log_smi[0].line_no
+            ev.log_smi_before_start = first < (ev.message.line_no or 0) and not progress_before(text, first)
     _kind(ev)
     if text and snapshot is None and not _get(b, "kind"):
         _went_on(ev, text, from_log)
@@ -1153,14 +1176,14 @@ def _earlier_attempt_pids(text: str, line_no: int | None) -> set[int]:
 
 
 def _launcher_pids(text: str) -> set[int]:
-    """The job's worker pids its launcher's lines in ``text`` name (only lines that say "pid" or "process"
-    are searched: every pattern holds one of the two)."""
+    """The job's worker pids its launcher's lines in ``text`` name (only lines that say "pid", "process" or
+    "NCCL" are searched: every pattern holds one of them)."""
     from triage.messages import lines_holding
 
     lines = text.split("\n")
     return {
         int(g)
-        for i in lines_holding(lines, ("pid", "process"))
+        for i in lines_holding(lines, ("pid", "process", "nccl"))
         for m in _RE_LAUNCHER_PID.finditer(lines[i])
         for g in m.groups()
         if g is not None
@@ -1296,6 +1319,12 @@ def _device(ev: Evidence) -> None:
         ev.notes.append(
             f"The log shows the node's GPU label nvidia.com/gpu.memory={label // MiB} ({human(label)}): the "
             "size the job was scheduled for."
+        )
+    if ev.log_asked_gpu and ev.declared_total_bytes is None and ev.mig_profile is None and not asked:
+        name, size = ev.log_asked_gpu
+        ev.declared_total_bytes = size
+        ev.notes.append(
+            f"The log shows the job asked for {name} GPUs ({human(size)}): the size it was sized for."
         )
     if not ev.device_name and ev.log_device_name:
         ev.device_name = ev.log_device_name
@@ -1600,21 +1629,14 @@ def _processes(ev: Evidence) -> None:
                 unknown.append(proc)
     elif m is not None and m.processes:
         for pu in m.processes:
-            own = pu.this_process or (pu.pid is not None and pu.pid in ev.own_pids)
-            if not own and pu.pid is not None and pu.pid in ev.earlier_attempt_pids:
-                ev.notes.append(
-                    f"Process {pu.pid} ({human(pu.used_bytes)} on this GPU) was one of the job's workers before "
-                    "the launcher restarted them: it outlived its attempt and still holds the memory."
-                )
-            elif not own and pu.pid is not None and pu.pid in ev.launcher_pids:
-                # another rank of this job on the same GPU: not a neighbour, the job's own placement
-                own = True
-                ev.notes.append(
-                    f"Process {pu.pid} ({human(pu.used_bytes)} on this GPU) is one of the job's own workers (its "
-                    "launcher started it): two of its ranks share the GPU. Set each rank's device from "
-                    "LOCAL_RANK (torch.cuda.set_device), or give each worker a whole GPU."
-                )
+            own = pu.this_process or _worker_of_job(ev, pu.pid, pu.used_bytes)
             ev.processes.append(Process(pu.pid, pu.used_bytes, own, "message"))
+    elif len({r.gpu for r in ev.log_smi}) == 1:
+        # nvidia-smi's listing in the log (one GPU's): the job's own rows by pid; printed before the job
+        # started, the rest were there before it
+        for r in ev.log_smi:
+            own = _worker_of_job(ev, r.pid, r.used_bytes)
+            ev.processes.append(Process(r.pid, r.used_bytes, own, "nvidia-smi", r.name))
     ev.own_process_identified = any(p.own for p in ev.processes)
     if ev.processes and not ev.own_process_identified and ev.reserved_bytes is not None:
         # In a container torch prints "Process PID has X" for the failing process itself. Its usage is
@@ -1643,11 +1665,50 @@ def _processes(ev: Evidence) -> None:
                 f"Process {me.pid} was taken to be the job itself: its {human(me.used_bytes)} {why} "
                 f"({human(ev.reserved_bytes)})."
             )
+    smi = [p for p in ev.processes if p.source == "nvidia-smi"]
+    if smi and not ev.own_process_identified and not ev.log_smi_before_start:
+        # printed while the job ran or after it failed, the listing holds the job's own process too: with no
+        # line known to be the job's, none is known to be a neighbour's
+        ev.processes = [p for p in ev.processes if p.source != "nvidia-smi"]
+    elif smi:
+        when = "before the job showed any progress" if ev.log_smi_before_start else "in the log"
+        ev.notes.append(
+            f"nvidia-smi listed {len(smi)} process(es) on the GPU {when} (line {ev.log_smi[0].line_no}): "
+            + ", ".join(
+                f"{p.pid}{f' ({p.name})' if p.name else ''} {human(p.used_bytes)}{' (the job)' if p.own else ''}"
+                for p in smi
+            )
+            + "."
+        )
     _sibling_contexts(ev)
     if ev.total_bytes is not None and ev.device_free_bytes is not None and ev.reserved_bytes is not None:
         ev.non_pytorch_bytes = max(0, ev.total_bytes - ev.device_free_bytes - ev.reserved_bytes)
     _unreported_usage(ev, [p for p in unknown if not p.own])
     ev.other_process_bytes = sum(p.used_bytes for p in ev.processes if not p.own)
+
+
+def _worker_of_job(ev: Evidence, pid: int | None, used: int) -> bool:
+    """Whether a process listed on the GPU is the job's own (its pid, or a worker its launcher started in this
+    attempt: two of its ranks share the GPU); a worker of an earlier attempt is not, it outlived it."""
+    if pid is None:
+        return False
+    if pid in ev.own_pids:
+        return True
+    if pid in ev.earlier_attempt_pids:
+        ev.notes.append(
+            f"Process {pid} ({human(used)} on this GPU) was one of the job's workers before the launcher "
+            "restarted them: it outlived its attempt and still holds the memory."
+        )
+        return False
+    if pid in ev.launcher_pids:
+        # another rank of this job on the same GPU: not a neighbour, the job's own placement
+        ev.notes.append(
+            f"Process {pid} ({human(used)} on this GPU) is one of the job's own workers (its launcher started "
+            "it): two of its ranks share the GPU. Set each rank's device from LOCAL_RANK "
+            "(torch.cuda.set_device), or give each worker a whole GPU."
+        )
+        return True
+    return False
 
 
 SIBLING_PIDS = 16  # pids this close to the job's own were started with it (its launcher's other ranks)

@@ -86,7 +86,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
-from triage.units import GiB, parse_size
+from triage.units import GiB, MiB, parse_size
 
 __all__ = [
     "DEDUPE_WINDOW_LINES",
@@ -1958,3 +1958,68 @@ def _attach_vgpu(found: list[_Found]) -> None:
                 m.vgpu_used_bytes = v.msg.vgpu_used_bytes
                 m.vgpu_limit_bytes = v.msg.vgpu_limit_bytes
                 break
+
+
+# nvidia-smi's process table ("|    0   N/A  N/A   2219903      C   /usr/bin/python   14838MiB |", before R450
+# without the GI/CI columns) and its CSV (--query-compute-apps=pid[,process_name],used_memory, with or
+# without its header: "1773302, tritonserver, 80904 MiB")
+_RE_SMI_ROW = re.compile(
+    r"^\|\s{1,8}(\d{1,3})\s+(?:(?:N/A|\d{1,3})\s+(?:N/A|\d{1,3})\s+)?(\d{1,9})\s+(?:C\+G|M\+C|C|G|M)\s+"
+    r"(\S[^|]{0,200}?)\s+(\d{1,9})MiB\s*\|\s*$"
+)
+_RE_SMI_CSV = re.compile(r"^\s{0,4}(\d{1,9}),\s{1,4}(?:([^,\n]{1,200}),\s{1,4})?(\d{1,9}) MiB\s*$")
+_SMI_WORDS = ("mib",)  # one of which every line either pattern matches holds
+
+
+@dataclass(slots=True)
+class SmiProcess:
+    """One process nvidia-smi listed in a log: the GPU (the row's index; None in a CSV), its pid, name and
+    memory in use, and the (1-based) line it was printed on."""
+
+    gpu: int | None
+    pid: int
+    name: str
+    used_bytes: int
+    line_no: int
+
+
+def smi_listing(text: str, until: int | None = None) -> list[SmiProcess]:
+    """The last process listing nvidia-smi printed in ``text`` (up to line ``until`` when given): its rows,
+    consecutive lines apart from the table's borders. A CSV counts only in a log that asked for it
+    (``--query-compute-apps``): a bare "pid, N MiB" line is not known to be nvidia-smi's."""
+    lines = text.split("\n")
+    csv_ok = "query-compute-apps" in text
+    last: list[SmiProcess] = []
+    run: list[SmiProcess] = []
+    prev = -10
+    for i in lines_holding(lines, _SMI_WORDS):
+        if until is not None and i + 1 > until:
+            break
+        content = _strip_line(lines[i]).content.strip()
+        m = _RE_SMI_ROW.match(content)
+        row: SmiProcess | None = None
+        if m is not None:
+            row = SmiProcess(
+                int(m.group(1)), int(m.group(2)), m.group(3).strip(), int(m.group(4)) * MiB, i + 1
+            )
+        elif csv_ok and (c := _RE_SMI_CSV.match(content)) is not None:
+            row = SmiProcess(None, int(c.group(1)), (c.group(2) or "").strip(), int(c.group(3)) * MiB, i + 1)
+        if row is None:
+            continue
+        if i - prev > 2:  # a new listing (rows of one are next to each other, a border between at most)
+            if run:
+                last = run
+            run = []
+        run.append(row)
+        prev = i
+    return run or last
+
+
+def progress_before(text: str, line_no: int) -> bool:
+    """Whether a line before line ``line_no`` (1-based) of ``text`` shows training progress (loading the
+    model or the data is not progress)."""
+    for raw in text.split("\n", line_no)[: max(0, line_no - 1)]:
+        content = _strip_line(raw).content
+        if _progress_past_start(content) and not _RE_LOADING.search(content):
+            return True
+    return False

@@ -2,7 +2,8 @@
 
 - the node's GPU feature discovery label (``nvidia.com/gpu.memory=81920``, MiB) printed by a platform's
   start-up script is the size the job was scheduled for, as the pod enrichment reads it: a smaller device
-  under it is the platform's; the label of the device it runs on decides nothing;
+  under it is the platform's; the label of the device it runs on decides nothing; so is the GKE accelerator
+  the job asked for by a name that states its memory (``nvidia-a100-80gb``);
 - a memory fraction printed as set from a file in the job's own source folder (its launcher beside its
   worker) is the job's own cap, not the platform's; one printed from elsewhere (a site hook) is not;
 - host memory the job's log printed rising at nearly every step up to a kill at the pod's limit is the
@@ -81,6 +82,24 @@ def _packed(where: str) -> str:
         f"[packer] worker 0: torch.cuda.set_per_process_memory_fraction(0.5, device=0)  # {where}:41\n"
         "[w0] trial 17   0%|          | 0/2000 [00:00<?, ?it/s]\n" + HPO_OOM
     )
+
+
+def _asked(accelerator: str) -> str:
+    return (
+        f"platform-launcher: job asr spec: nodeSelector cloud.google.com/gke-accelerator: {accelerator} count=1\n"
+        "[train] step   0%|          | 0/50000 [00:00<?, ?it/s]\n"
+    )
+
+
+def test_the_gke_accelerator_asked_for_is_the_size_the_job_was_scheduled_for() -> None:
+    d, ev = diagnose_text(_asked("nvidia-a100-80gb") + TRACE + OOM_40)
+    assert ev.log_asked_gpu == ("nvidia-a100-80gb", 80 << 30)
+    assert d.verdict == "gpu_quota"
+    # the GPU it asked for is the one it runs on (80 GiB named, 79.15 GiB reported), or the name states no size
+    d, _ = diagnose_text(_asked("nvidia-a100-80gb") + TRACE + OOM_80)
+    assert d.verdict != "gpu_quota"
+    d, ev = diagnose_text(_asked("nvidia-l4") + TRACE + OOM_40)
+    assert ev.log_asked_gpu is None and ev.declared_total_bytes is None
 
 
 def test_a_fraction_set_from_the_jobs_own_source_folder_is_its_own_cap() -> None:

@@ -1,0 +1,94 @@
+"""nvidia-smi's process listing printed in a log (its table, or the CSV of ``--query-compute-apps``): what was
+on the GPU besides the job. A listing printed before the job showed any progress holds only others; one
+printed while it ran or after it failed holds the job too, so it counts only when the job's own line is
+known (its pid from its launcher's or NCCL's lines). Each is pinned on both sides.
+
+The table and CSV lines follow nvidia-smi 535's output; the NCCL prefix is NCCL's own ``host:pid:tid [dev]``
+(no GPU runs here).
+"""
+
+from __future__ import annotations
+
+from triage.messages import smi_listing
+from triage.pipeline import diagnose_text
+
+MiB = 1 << 20
+
+TABLE = """+---------------------------------------------------------------------------------------+
+| Processes:                                                                            |
+|  GPU   GI   CI        PID   Type   Process name                            GPU Memory |
+|        ID   ID                                                             Usage      |
+|=======================================================================================|
+|    0   N/A  N/A   2219903      C   /home/bob/miniconda3/envs/llm/bin/python  14838MiB |
++---------------------------------------------------------------------------------------+"""
+
+CUDA_ERROR = """Traceback (most recent call last):
+  File "/srv/eval.py", line 41, in main
+    model = model.to("cuda")
+  File "/usr/lib/python3.10/site-packages/torch/nn/modules/module.py", line 1152, in to
+    return self._apply(convert)
+  File "/usr/lib/python3.10/site-packages/torch/nn/modules/module.py", line 825, in _apply
+    param_applied = fn(param)
+RuntimeError: CUDA error: out of memory
+CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.
+"""
+
+
+def test_the_table_and_the_csv_it_was_asked_for() -> None:
+    rows = smi_listing("Tue Feb 20 15:22:09 2024\n" + TABLE + "\n")
+    assert [(r.gpu, r.pid, r.used_bytes) for r in rows] == [(0, 2219903, 14838 * MiB)]
+    assert rows[0].name.endswith("/bin/python")
+    csv = "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader\n1773302, tritonserver, 80904 MiB\n"
+    assert [(r.pid, r.name, r.used_bytes) for r in smi_listing(csv)] == [
+        (1773302, "tritonserver", 80904 * MiB)
+    ]
+    # a bare "pid, N MiB" line in a log that never asked nvidia-smi for it is not known to be a listing
+    assert smi_listing("1773302, 80904 MiB\n") == []
+    # the last listing is the one read
+    two = csv + "step 1\nstep 2\nstep 3\n" + "41877, 72913 MiB\n43120, 1021 MiB\n"
+    assert [r.pid for r in smi_listing(two)] == [41877, 43120]
+
+
+def test_a_neighbour_listed_before_the_job_started_is_the_cause() -> None:
+    pre = (
+        "preflight: nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader\n"
+        "1773302, tritonserver, 80904 MiB\n"
+        "INFO starting eval harness, model=/models/qwen2.5-1.5b\n"
+    )
+    d, ev = diagnose_text(pre + CUDA_ERROR)
+    assert ev.log_smi_before_start
+    assert d.verdict == "other_process"
+    # the same listing printed while the job trained holds the job's own process too, and none is known
+    # to be the job's: nothing is known to be a neighbour
+    during = "step 100 | loss 0.52\n" + pre + CUDA_ERROR
+    d, ev = diagnose_text(during)
+    assert not ev.log_smi_before_start
+    assert ev.processes == []
+    assert d.verdict != "other_process"
+
+
+NCCL = """W1002 node-17 torch/distributed/elastic/multiprocessing/api.py:858] Sending process 41877 closing signal SIGTERM
+INFO torchrun: Restarting worker group
+node-17:43120:43311 [3] NCCL INFO Channel 00/24 :    0   1   2   3
+node-17:43120:43311 [3] include/alloc.h:124 NCCL WARN Cuda failure 'out of memory'
+[rank3]: Traceback (most recent call last):
+[rank3]:   File "/workspace/pretrain.py", line 401, in main
+[rank3]:     model = DDP(model, device_ids=[local_rank], bucket_cap_mb=100)
+[rank3]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.20.5
+[rank3]: ncclUnhandledCudaError: Call to CUDA function failed.
+[rank3]: Last error:
+[rank3]: Cuda failure 'out of memory'
+[rank3] on-failure diagnostics: nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader -i 3
+41877, 72913 MiB
+{own}, 1021 MiB
+"""
+
+
+def test_after_the_failure_the_jobs_own_line_known_by_its_nccl_pid_leaves_the_zombie() -> None:
+    d, ev = diagnose_text(NCCL.format(own=43120))
+    assert {p.pid: p.own for p in ev.processes} == {41877: False, 43120: True}
+    assert d.verdict == "other_process"
+    # the job's own pid not among the listed: which line is the job is not known, so neither is a neighbour
+    d, ev = diagnose_text(NCCL.format(own=50001))
+    assert ev.processes == []
+    assert d.verdict != "other_process"
