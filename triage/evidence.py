@@ -622,6 +622,9 @@ class Evidence:
     cap_set_by_job: str | None = None  # "train.py:12 in main": the job's own code set the fraction cap
     # (fraction, source file, line): the log shows the job's own code setting a fraction cap
     log_fraction_calls: list[tuple[float, str, str]] = field(default_factory=list)
+    traced_files: list[str] = field(
+        default_factory=list
+    )  # the job's own source files its tracebacks run through
     processes: list[Process] = field(default_factory=list)
     own_process_identified: bool = False
     other_process_bytes: int = 0
@@ -975,30 +978,48 @@ class Evidence:
 # ---------------------------------------------------------------------------- building
 
 
+def _traced_files(ev: Evidence, texts: Sequence[str]) -> None:
+    """The job's own source files its tracebacks in ``texts`` run through (user code), into ``ev.traced_files``."""
+    for t in texts:
+        for f in _RE_TRACEBACK_FILE.findall(t):
+            path = f.replace("\\", "/")
+            if (
+                path not in ev.traced_files
+                and ev.classifier.classify({"filename": f, "line": 1, "name": ""})[1]
+            ):
+                ev.traced_files.append(path)
+
+
+def _jobs_own_file(ev: Evidence, path: str) -> bool:
+    """Whether ``path`` is one of the job's own source files: one its tracebacks ran through as user code, or
+    one in the same folder as those or below it (its launcher beside its worker, its utilities). A platform's
+    hook or a site's launcher (``/opt/gpushare/…/launch.py``, a ``sitecustomize.py``) is elsewhere."""
+    path = path.replace("\\", "/")
+    name = path.rsplit("/", 1)[-1]
+    for f in ev.traced_files:
+        home = f.rsplit("/", 1)[0] if "/" in f else ""
+        if (
+            name == f.rsplit("/", 1)[-1]
+            or _folder(path) == _folder(f) != ""
+            # under the folder a traced file is in (``/app/utils/mem.py`` beside ``/app/train.py``)
+            or (home.strip("/") != "" and path.startswith(home + "/"))
+        ):
+            return True
+    return False
+
+
 def _fraction_calls(ev: Evidence, text: str) -> None:
     """Lines of ``text`` that show a memory fraction being set from one of the job's own source files: the
-    line names a file (the job's logger printing where it set it, a traceback's printed source line) that
-    the same log's tracebacks run through as user code, or one in the same folder as those (the job's
-    launcher beside its worker). A platform hook (a ``sitecustomize.py``) that logs what it applied names a
-    file elsewhere."""
-    paths = [
-        f.replace("\\", "/")
-        for f in _RE_TRACEBACK_FILE.findall(text)
-        if ev.classifier.classify({"filename": f, "line": 1, "name": ""})[1]
-    ]
-    if not paths:
+    line names a file (the job's logger printing where it set it, a traceback's printed source line) that is
+    the job's own (``_jobs_own_file``)."""
+    if not ev.traced_files:
         return
-    traced = {f.rsplit("/", 1)[-1] for f in paths}
-    folders = {_folder(f) for f in paths} - {""}
     for ln in text.split("\n"):
         fc = _RE_FRACTION_CALL.search(ln) if "set_per_process_memory_fraction" in ln else None
         if fc is None:
             continue
         named = [f.replace("\\", "/") for f in _RE_PY_FILE.findall(ln)]
-        # a file the tracebacks ran through, or one beside them in the job's own source folder
-        mine = sorted(
-            f.rsplit("/", 1)[-1] for f in named if f.rsplit("/", 1)[-1] in traced or _folder(f) in folders
-        )
+        mine = sorted(f.rsplit("/", 1)[-1] for f in named if _jobs_own_file(ev, f))
         if mine:
             ev.log_fraction_calls.append((float(fc.group(1)), mine[0], ln.strip()[:160]))
 
@@ -1080,6 +1101,7 @@ def build_evidence(
         }
         if len(profiles) == 1:  # several different slices listed (nvidia-smi -L of the node): not decided
             ev.log_mig_profile = profiles.pop()
+        _traced_files(ev, texts)
         for t in texts:
             if "set_per_process_memory_fraction" in t:
                 _fraction_calls(ev, t)
@@ -1350,9 +1372,16 @@ def _device(ev: Evidence) -> None:
         and isinstance(by.get("line"), int)
     ):
         frame = {"filename": by["filename"], "line": by["line"], "name": str(by.get("function") or "")}
-        if ev.classifier.classify(frame)[1]:
-            name = by["filename"].replace("\\", "/").rsplit("/", 1)[-1]
-            ev.cap_set_by_job = f"{name}:{by['line']}" + (f" in {frame['name']}" if frame["name"] else "")
+        name = by["filename"].replace("\\", "/").rsplit("/", 1)[-1]
+        where = f"{name}:{by['line']}" + (f" in {frame['name']}" if frame["name"] else "")
+        if ev.classifier.classify(frame)[1] and (not ev.traced_files or _jobs_own_file(ev, by["filename"])):
+            ev.cap_set_by_job = where
+        elif ev.classifier.classify(frame)[1]:
+            # user code by its path, but outside the folders the job's own traceback runs through
+            ev.notes.append(
+                f"The memory fraction was set at {where}, outside the job's own source (its traceback runs "
+                f"through {ev.traced_files[-1]}): a launcher's or the site's, not the job's."
+            )
     if cap and ev.cap_set_by_job is None and ev.total_bytes:
         _cap_in_log(ev, cap, ev.total_bytes)
     if m is not None:

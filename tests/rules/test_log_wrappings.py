@@ -297,6 +297,30 @@ def test_a_cap_the_job_set_itself_is_its_own_limit_whatever_gpu_it_was_declared_
     assert d.verdict == "gpu_quota", d.headline
 
 
+def test_a_cap_set_outside_the_folders_the_jobs_traceback_runs_through_is_not_the_jobs() -> None:
+    """A site's launcher outside site-packages is user code by its path; the job's own traceback says where
+    the job's source is."""
+    site = {
+        "fraction": 0.5,
+        "device": 0,
+        "filename": "/opt/gpushare/lib/gpushare/launch.py",
+        "line": 88,
+        "function": "_apply_share",
+    }
+    traceback = 'Traceback (most recent call last):\n  File "/workspace/proj/train.py", line 120, in main\n    loss = model(x)\n'
+    bundle = _capped_bundle(site, declared=80 * GiB)
+    bundle["error"]["traceback"] = traceback
+    d, ev = diagnose_bundle(bundle)
+    assert ev.cap_set_by_job is None
+    assert d.verdict == "gpu_quota", d.headline
+    # the job's own utilities under its source folder are its own
+    bundle = _capped_bundle({**site, "filename": "/workspace/proj/utils/gpu.py"}, declared=80 * GiB)
+    bundle["error"]["traceback"] = traceback
+    d, ev = diagnose_bundle(bundle)
+    assert ev.cap_set_by_job == "gpu.py:88 in _apply_share"
+    assert d.verdict == "workload_too_large", d.headline
+
+
 CAPPED = (
     "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.20 GiB. GPU 3 has a total capacity of "
     "79.15 GiB of which 3.14 GiB is free. Including non-PyTorch memory, this process has 55.64 GiB memory in use. "
