@@ -82,6 +82,11 @@ def evaluate(ev: Evidence) -> Finding | None:
                 f"nvidia-smi listed processes holding {human(other_bytes)} on the GPU before the job showed any "
                 f"progress: {names}. They were there before it."
             )
+        elif ev.own_absent:
+            f.facts.append(
+                f"Processes hold {human(other_bytes)} on the GPU: {names}. The job's process had not initialised "
+                "CUDA, so none of them is the job."
+            )
         else:
             f.facts.append(f"Processes on the GPU, none known to be the job itself: {names}.")
         f.values.update({"other_process_bytes": other_bytes, "processes": [p.pid for p in others]})
@@ -89,7 +94,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         if not fits_without:
             f.facts.append("Even without them the request would not have fitted.")
             f.score = CANDIDATE
-        elif ev.own_process_identified or ev.log_smi_before_start:
+        elif ev.others_known:
             f.score = (
                 STRONG if any(p.source == "nvml" for p in ev.processes) and ev.own_pids else LIKELY + 0.05
             )

@@ -627,6 +627,7 @@ class Evidence:
     )  # the job's own source files its tracebacks run through
     processes: list[Process] = field(default_factory=list)
     own_process_identified: bool = False
+    own_absent: bool = False  # the job's own process is known not to be among the listed ones
     other_process_bytes: int = 0
     non_pytorch_bytes: int | None = None
     batch_size: int | None = None
@@ -684,6 +685,12 @@ class Evidence:
     @property
     def has_snapshot(self) -> bool:
         return self.snapshot is not None and bool(self.snapshot.segments)
+
+    @property
+    def others_known(self) -> bool:
+        """Which listed processes are others' is known: the job's own line is identified, or the job is known
+        not to be listed (an nvidia-smi listing printed before it started, CUDA never initialised in it)."""
+        return self.own_process_identified or self.log_smi_before_start or self.own_absent
 
     @property
     def has_trace(self) -> bool:
@@ -1694,6 +1701,20 @@ def _processes(ev: Evidence) -> None:
                 f"Process {me.pid} was taken to be the job itself: its {human(me.used_bytes)} {why} "
                 f"({human(ev.reserved_bytes)})."
             )
+    if (
+        ev.processes
+        and not ev.own_process_identified
+        and ev.reserved_bytes is None
+        and _get(b, "allocator", "memory_stats") == {}
+        and all(p.used_bytes > CUDA_CONTEXT_MAX for p in ev.processes)
+    ):
+        # CUDA was never initialised in the job's process (its memory_stats are empty): it held a context at
+        # most, so no process holding more is the job
+        ev.own_absent = True
+        ev.notes.append(
+            "The job's process had not initialised CUDA (its allocator's statistics are empty): none of the "
+            "processes on the GPU, each holding more than a CUDA context, is the job."
+        )
     smi = [p for p in ev.processes if p.source == "nvidia-smi"]
     if smi and not ev.own_process_identified and not ev.log_smi_before_start:
         # printed while the job ran or after it failed, the listing holds the job's own process too: with no

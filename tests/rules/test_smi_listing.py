@@ -1,7 +1,9 @@
 """nvidia-smi's process listing printed in a log (its table, or the CSV of ``--query-compute-apps``): what was
 on the GPU besides the job. A listing printed before the job showed any progress holds only others; one
 printed while it ran or after it failed holds the job too, so it counts only when the job's own line is
-known (its pid from its launcher's or NCCL's lines). Each is pinned on both sides.
+known (its pid from its launcher's or NCCL's lines). Likewise NVML's list in a bundle whose job never
+initialised CUDA (empty allocator statistics) holds only others when each holds more than a context. Each is
+pinned on both sides.
 
 The table and CSV lines follow nvidia-smi 535's output; the NCCL prefix is NCCL's own ``host:pid:tid [dev]``
 (no GPU runs here).
@@ -9,8 +11,10 @@ The table and CSV lines follow nvidia-smi 535's output; the NCCL prefix is NCCL'
 
 from __future__ import annotations
 
+from typing import Any
+
 from triage.messages import smi_listing
-from triage.pipeline import diagnose_text
+from triage.pipeline import diagnose_bundle, diagnose_text
 
 MiB = 1 << 20
 
@@ -92,3 +96,37 @@ def test_after_the_failure_the_jobs_own_line_known_by_its_nccl_pid_leaves_the_zo
     d, ev = diagnose_text(NCCL.format(own=50001))
     assert ev.processes == []
     assert d.verdict != "other_process"
+
+
+def _context_failed(stats: dict[str, int], used: int) -> dict[str, Any]:
+    return {
+        "schema": "oom-triage/incident@1",
+        "incident_id": "00000000-0000-4000-8000-0000000c0de1",
+        "occurred_at": "2026-11-30T10:00:00+00:00",
+        "kind": "cuda_oom",
+        "error": {"type": "RuntimeError", "message": "CUDA error: out of memory", "traceback": CUDA_ERROR},
+        "workload": {"pid": 7719, "pids": [7719], "step": 0, "batch_size": 16},
+        "device": {
+            "index": 0,
+            "name": "NVIDIA A10G",
+            "total_bytes": 23_826_792_448,
+            "free_bytes": 23_826_792_448 - used,
+            "processes": [{"pid": 6120, "used_bytes": used, "name": "python3"}],
+        },
+        "allocator": {"memory_stats": stats},
+    }
+
+
+def test_a_job_that_never_initialised_cuda_is_none_of_the_listed_processes() -> None:
+    d, ev = diagnose_bundle(_context_failed({}, 23_753_392_128))
+    assert ev.own_absent and ev.others_known
+    assert d.verdict == "other_process"
+    # with allocator statistics the job had initialised CUDA: the listed process may be the job (its pid
+    # seen from another PID namespace), so nothing is known to be a neighbour's
+    stats = {"reserved_bytes.all.current": 23_300_000_000, "allocated_bytes.all.current": 23_100_000_000}
+    d, ev = diagnose_bundle(_context_failed(stats, 23_753_392_128))
+    assert not ev.own_absent
+    assert d.verdict != "other_process"
+    # a listed process holding no more than a context may be the job's own
+    _, ev = diagnose_bundle(_context_failed({}, 500 << 20))
+    assert not ev.own_absent
