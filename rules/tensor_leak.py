@@ -80,6 +80,9 @@ OWNER = "algorithm"
 
 MIN_CYCLES = 3  # survivors from at least four different steps
 MIN_CYCLE_FRACTION = 0.2  # several survivors per step are fine (three metrics kept per step)
+SITE_IS_CALLS = (
+    1.1  # kept calls holding no more than this times one inner site's blocks hold only that site's
+)
 MINOR_SHARE = 0.05  # survivors below this share of the job's memory, and not decisive, did not cause the OOM
 MANY_CYCLES = 5  # survivors from six different steps are a leak however many each step kept
 RELEASED_MIN = 4  # kept-then-freed blocks that show a site letting go of what it keeps ...
@@ -568,6 +571,14 @@ def _stored_since_steps(ev: Evidence, f: Finding) -> Finding | None:
     return f
 
 
+def _graphs_beyond_site(leak: Survivors, held: KeptCalls) -> bool:
+    """Whether the calls ``held`` keeps hold more than ``leak``'s own blocks: a kept autograd graph holds
+    every op's saved activations; a line inside the model that keeps one tensor per layer
+    (``self.maps.append(att)``) is all its calls hold, and that line is the one to fix."""
+    same_calls = leak.call is not None and leak.call.label == held.call.label
+    return not (same_calls and held.bytes <= SITE_IS_CALLS * leak.stats.bytes)
+
+
 def _older(kc: KeptCalls) -> str:
     """The clause for the line's blocks older than the trace, when there are any."""
     if not kc.older_bytes:
@@ -749,7 +760,14 @@ def _evaluate(ev: Evidence) -> Finding | None:
             # the calls hold far more than the site; or they hold whole graphs (several blocks a call, saved
             # activations, not one output each) and at least half of what the site holds (a layer's line
             # whose saved activations are those graphs', beside the call under way)
-            and (held.bytes >= 2 * st.bytes or (2 * held.bytes >= st.bytes and held.blocks >= 2 * held.calls))
+            and (
+                held.bytes >= 2 * st.bytes
+                or (
+                    2 * held.bytes >= st.bytes
+                    and held.blocks >= 2 * held.calls
+                    and _graphs_beyond_site(leak, held)
+                )
+            )
         ):
             # what is kept with it is mostly whole forward passes: the outputs of those calls are kept with
             # their graphs (a buffer of model outputs), and the call is the line to fix

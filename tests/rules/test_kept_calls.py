@@ -502,3 +502,42 @@ def test_calls_kept_before_a_short_trace_began_name_the_line_when_the_steps_prov
     assert d.verdict == "tensor_leak", d.headline
     assert d.leak_site == EVAL_CALL
     assert any("before the trace began" in e.fact for e in d.evidence)
+
+
+OPT_STEP = [
+    {"filename": "/usr/lib/python3.11/site-packages/torch/optim/adamw.py", "line": 200, "name": "step"},
+    line(66, "train_step"),
+]
+
+
+def kept_inside_the_model(beside_mib: int) -> dict[str, Any]:
+    """Twelve training steps whose forward keeps one 32 MiB tensor per layer at model.py:30 (the model
+    appending to a list on itself) and, when ``beside_mib``, a smaller block per layer at model.py:31 too
+    (what a kept graph holds beside it); the saved activations at model.py:34 go with each backward."""
+    t = Trace(0)
+    weights(t)
+    for _ in range(12):
+        batch = t.alloc(16 * MiB, data(TRAIN_CALL))
+        saved = []
+        for _ in range(LAYERS):
+            t.alloc(32 * MiB, under(TRAIN_CALL, 30))
+            if beside_mib:
+                t.alloc(beside_mib * MiB, under(TRAIN_CALL, 31))
+            saved.append(t.alloc(128 * MiB, under(TRAIN_CALL, 34)))
+        backward(t, saved)
+        t.free(batch)
+        t.free(t.alloc(8 * MiB, OPT_STEP))
+    t.alloc(16 * MiB, data(TRAIN_CALL))
+    return oom(t, TRAIN_CALL)
+
+
+def test_calls_that_hold_only_one_inner_lines_blocks_name_that_line() -> None:
+    d, ev = diagnose_snapshot(normalise(kept_inside_the_model(0)))
+    kc = ev.kept_calls
+    assert kc is not None and kc.call.line == TRAIN_CALL["line"] and kc.bytes == 12 * LAYERS * 32 * MiB
+    assert d.verdict == "tensor_leak"
+    assert d.leak_site == {"filename": "/w/model.py", "line": 30, "name": "forward"}
+    # the calls hold more than that line's blocks (a graph's other saved tensors): the call line keeps them
+    d, _ = diagnose_snapshot(normalise(kept_inside_the_model(16)))
+    assert d.verdict == "tensor_leak"
+    assert d.leak_site == TRAIN_CALL

@@ -3,7 +3,9 @@
 A frame is user code unless one of these says otherwise (first match wins, in this order):
 1. it is a C++ frame: ``filename`` is ``"??"`` or empty, or ``line`` is 0;
 2. its filename matches one of ``user`` patterns → user code (to claim a vendored package as yours);
-3. its filename matches one of ``library`` patterns → not user code.
+3. its filename matches one of ``library`` patterns → not user code;
+4. it is a console-script wrapper pip wrote (``…/bin/NAME`` with no extension: ``torchrun``, ``accelerate``,
+   ``deepspeed``, ``vllm``) → not user code: it only calls a package's entry point.
 
 The default library patterns are the places Python code comes from that is not the job's own:
 ``site-packages``, ``dist-packages``, the standard library (``/lib/pythonX.Y/``), frozen and
@@ -33,6 +35,7 @@ DEFAULT_LIBRARY_PATTERNS: tuple[str, ...] = (
     "*/conda/pkgs/*",
 )
 
+_RE_SCRIPT = re.compile(r"/bin/[^/.]+$")  # a console-script wrapper: ``/usr/local/bin/torchrun``
 _CPP_NAMES = re.compile(r"\.(cpp|cc|cxx|c|h|hpp|cu|cuh)$")
 
 
@@ -97,7 +100,9 @@ class FrameClassifier:
             if any(fnmatch.fnmatchcase(path, p) for p in self.user):
                 is_user = True
             else:
-                is_user = not any(fnmatch.fnmatchcase(path, p) for p in self.library)
+                is_user = not any(
+                    fnmatch.fnmatchcase(path, p) for p in self.library
+                ) and not _RE_SCRIPT.search(path)
         got = (is_python, is_user)
         self._cache[key] = got
         self._keep.append(frame)  # keep the id stable while cached
