@@ -327,7 +327,23 @@ def evaluate(ev: Evidence) -> Finding | None:
         )
         f.missing.append("live memory per step (the collector's step samples) or a longer allocator trace")
         f.score = min(f.score, LEAD)
-    if ev.device_unseen or ev.slice_sized:
+    needed = ev.needed_bytes
+    in_hand = (
+        largest is not None
+        and pool_free is not None
+        and pool_free >= req
+        and needed is not None
+        and ev.reserved_bytes is not None
+        and needed <= ev.reserved_bytes
+    )
+    if in_hand and ev.device_unseen:
+        # what it held and what it asked for fitted in the segments it had already reserved: no limit on the
+        # device (its size, a neighbour's share, a slice) was reached by the job's need, only by its holes
+        f.facts.append(
+            f"Packed, what it held and asked for ({human(needed or 0)}) fitted in the {human(ev.reserved_bytes or 0)} "
+            "it had already reserved: whatever else was on the device, the holes decided this OOM."
+        )
+    if (ev.device_unseen and not in_hand) or ev.slice_sized:
         # holes only matter at a limit; whether the limit was the job's own device or a neighbour's share or
         # a smaller slice than it asked for is not in this input
         f.facts.append(

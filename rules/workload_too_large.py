@@ -617,7 +617,12 @@ def evaluate(ev: Evidence) -> Finding | None:
     slice_name = ev.slice_sized
     if slice_name:
         f.facts.append(
-            f"The device has {human(ev.total_bytes or 0)}, the size of a MIG slice ({slice_name}): whether "
+            (
+                f"The device has {human(ev.total_bytes)}"
+                if ev.total_bytes
+                else f"The job could reach {human(ev.usable_bytes or 0)} (its reservation plus the device's free memory)"
+            )
+            + f", the size of a MIG slice ({slice_name}): whether "
             "the job was meant to fit in it decides between shrinking the job and asking for more."
         )
         f.score = min(f.score, LEAD)

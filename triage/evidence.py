@@ -136,6 +136,7 @@ MIG_SLICE_SIZES = (
     (int(19.625 * GiB), "3g.20gb / 4g.20gb"),
     (int(19.75 * GiB), "2g.20gb"),
 )
+SLICE_CONTEXT = 1 * GiB  # a process's CUDA context on a MIG slice, at most (a few hundred MiB is usual)
 CUDA_CONTEXT_MAX = (
     3 * GiB
 )  # a process's own non-PyTorch memory (context, cuBLAS/NCCL workspaces) rarely exceeds this
@@ -821,14 +822,19 @@ class Evidence:
     @property
     def slice_sized(self) -> str | None:
         """The device's total is the size of a MIG slice (and nothing says what the device is): the slice
-        named, else None. Whole datacenter GPUs of these sizes are rare; MIG slices are common."""
+        named, else None. Whole datacenter GPUs of these sizes are rare; MIG slices are common. A snapshot
+        alone has no total: there the job's reach (its reservation plus the device's free memory) just under
+        a slice's size, by no more than a CUDA context, is that slice."""
         total = self.total_bytes
-        if total is None or self.mig_profile or self.declared_total_bytes:
+        if self.mig_profile or self.declared_total_bytes:
             return None
         if self.device_name and "MIG" not in self.device_name:
             return None
+        reach = self.usable_bytes if total is None and self.device_unseen else None
         for size, names in MIG_SLICE_SIZES:
-            if abs(total - size) <= 0.015 * size:
+            if total is not None and abs(total - size) <= 0.015 * size:
+                return names
+            if reach is not None and size - SLICE_CONTEXT <= reach <= size * 1.015:
                 return names
         return None
 

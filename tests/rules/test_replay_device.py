@@ -7,6 +7,9 @@ nothing of the kind when it knows the job runs on what it asked for.
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
 from triage.pipeline import diagnose_bundle, diagnose_snapshot
 from triage.simulate.scenarios import run_scenario
 from triage.snapshot.loader import normalise
@@ -34,3 +37,46 @@ def test_bundle_with_the_device_record_does_not_ask() -> None:
     d, _ = diagnose_bundle(too_large.bundle)
     assert d.verdict == "workload_too_large"
     assert _scheduled_for(d.missing) == []
+
+
+def _with_request(raw: dict[str, Any], size: int) -> dict[str, Any]:
+    """The snapshot with its allocator's ``oom`` entry asking for ``size`` bytes."""
+    out = copy.deepcopy(raw)
+    for trace in out["device_traces"]:
+        for e in trace:
+            if e["action"] == "oom":
+                e["size"] = size
+    return out
+
+
+def test_a_snapshot_alone_whose_holes_held_the_request_within_its_reservation_is_fragmentation() -> None:
+    """A snapshot alone does not show the device: a neighbour's share or a smaller slice cannot be ruled out
+    for a request that needed more device memory. One that fitted, packed, in the segments the job had
+    already reserved did not need any."""
+    case = run_scenario("fragmentation", 1)
+    d, ev = diagnose_snapshot(normalise(case.snapshot, source="simulated", shared_frames=False))
+    assert ev.device_unseen
+    assert ev.needed_bytes is not None and ev.reserved_bytes is not None
+    assert ev.needed_bytes <= ev.reserved_bytes
+    assert d.verdict == "fragmentation"
+    # a request that the holes and the device's free memory could serve together, but not the reservation
+    # alone: the job needed more of the device, and what limited it there is not in the snapshot
+    pool = ev.free_in_pool_bytes or 0
+    d, ev = diagnose_snapshot(
+        normalise(_with_request(case.snapshot, pool + (1 << 30)), source="simulated", shared_frames=False)
+    )
+    assert ev.needed_bytes is not None and ev.reserved_bytes is not None
+    assert ev.needed_bytes > ev.reserved_bytes
+    assert d.verdict == "inconclusive"
+
+
+def test_a_snapshot_alone_whose_reach_is_a_mig_slices_size_leaves_the_holes_undecided() -> None:
+    """The same holes on a MIG slice: the job's reach (reservation plus the device's free memory) is just
+    under a 20 GB slice's size, and whether the job was meant to run in that slice is not in a snapshot."""
+    case = run_scenario("gpu_quota", 10)  # a 3g.20gb slice where a whole A100-40GB was declared
+    d, ev = diagnose_snapshot(normalise(case.snapshot, source="simulated", shared_frames=False))
+    assert ev.needed_bytes is not None and ev.reserved_bytes is not None
+    assert ev.needed_bytes <= ev.reserved_bytes  # the holes held the request
+    assert ev.slice_sized is not None and "20gb" in ev.slice_sized
+    assert d.verdict == "inconclusive"
+    assert "gpu_quota" in d.candidates
