@@ -49,7 +49,7 @@ from triage.evidence import (
 from triage.units import human
 
 if TYPE_CHECKING:
-    from triage.evidence import Evidence
+    from triage.evidence import Evidence, Survivors
 
 ID = "fragmentation"
 VERDICT = "fragmentation"
@@ -63,6 +63,23 @@ HOLES_SHARE = 0.1  # ... and are this share of what the job could hold at least
 # a step far above the earlier peaks (UNLIKE_EARLIER) is a new demand; so is one this much above them when
 # that is beyond the whole range the earlier peaks spanned
 BEYOND_EARLIER = 1.05
+
+
+def _kept_every_step(ev: Evidence) -> Survivors | None:
+    """A user site whose blocks outlived each of at least ``TRACE_MIN_CYCLES`` steps of the trace, none of
+    them freed and not a store that turns over, when no step samples say whether live memory grew."""
+    if ev.steps:
+        return None
+    kept = [
+        s
+        for s in ev.survivors
+        if s.cycles >= TRACE_MIN_CYCLES
+        and s.freed_at_site == 0
+        and s.stats.site.kind == "user"
+        and not s.bounded
+        and not turned_over(ev, s)
+    ]
+    return max(kept, key=lambda s: s.stats.bytes) if kept else None
 
 
 def evaluate(ev: Evidence) -> Finding | None:
@@ -274,6 +291,14 @@ def evaluate(ev: Evidence) -> Finding | None:
             f"{human(adding.stats.bytes)} is held at {adding.stats.site.label}, made before the trace began and "
             "again in it and never freed: memory that keeps being added leaves holes behind; whether it grew "
             "to the OOM is not in this input."
+        )
+        f.score = min(f.score, LEAD)
+    every = _kept_every_step(ev)
+    if every is not None and adding is None:
+        f.facts.append(
+            f"{every.stats.site.label} kept its blocks at each of the {every.cycles + 1} steps the trace shows and "
+            f"freed none ({human(every.stats.bytes)}): blocks kept between each step's temporaries split the "
+            "segments, so the holes may be the leak's; whether it grew to the OOM is not in this input."
         )
         f.score = min(f.score, LEAD)
     kc = ev.kept_calls

@@ -80,3 +80,19 @@ def test_a_snapshot_alone_whose_reach_is_a_mig_slices_size_leaves_the_holes_unde
     assert ev.slice_sized is not None and "20gb" in ev.slice_sized
     assert d.verdict == "inconclusive"
     assert "gpu_quota" in d.candidates
+
+
+def test_holes_beside_a_site_kept_at_every_step_are_not_decided_by_a_snapshot_alone() -> None:
+    """A small leak (one block at each of 33 steps, 1.7% of the job's memory) pins its blocks between each
+    step's temporaries: the holes the OOM failed beside may be its doing, and a snapshot has no step samples to
+    say whether live memory grew to the OOM."""
+    case = run_scenario("tensor_leak", 47)
+    snap = normalise(case.snapshot, source="simulated", shared_frames=False)
+    d, ev = diagnose_snapshot(snap)
+    assert ev.needed_bytes is not None and ev.reserved_bytes is not None
+    assert ev.needed_bytes <= ev.reserved_bytes  # the holes held the request, as in the case above
+    assert d.verdict == "inconclusive"
+    assert d.candidates[:2] == ["tensor_leak", "fragmentation"]
+    # the bundle's step samples show the growth
+    d, _ = diagnose_bundle(case.bundle)
+    assert d.verdict == "tensor_leak"
