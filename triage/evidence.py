@@ -1695,7 +1695,12 @@ def _processes(ev: Evidence) -> None:
         if fits:
             me = min(fits, key=lambda p: p.used_bytes - ev.reserved_bytes if ev.reserved_bytes else 0)
             why = "match the job's reservation plus its CUDA context"
-        elif len(could) == 1 and (ev.total_bytes is None or could[0].used_bytes <= ev.total_bytes):
+        elif (
+            len(could) == 1
+            and (ev.total_bytes is None or could[0].used_bytes <= ev.total_bytes)
+            # (a listing printed before the job started need not hold the job at all)
+            and could[0].source != "nvidia-smi"
+        ):
             me = could[0]
             why = "are the only line that holds at least the job's reservation"
         else:
@@ -1722,6 +1727,12 @@ def _processes(ev: Evidence) -> None:
             "processes on the GPU, each holding more than a CUDA context, is the job."
         )
     smi = [p for p in ev.processes if p.source == "nvidia-smi"]
+    if smi and ev.log_smi_before_start and not ev.own_process_identified and ev.reserved_bytes is not None:
+        # the job itself may have printed the listing after loading its model, before its first step: a line
+        # holding no more than the job held at the OOM (and a context) could be the job's
+        bound = ev.reserved_bytes + CUDA_CONTEXT_MAX
+        ev.processes = [p for p in ev.processes if p.source != "nvidia-smi" or p.used_bytes > bound]
+        smi = [p for p in ev.processes if p.source == "nvidia-smi"]
     if smi and not ev.own_process_identified and not ev.log_smi_before_start:
         # printed while the job ran or after it failed, the listing holds the job's own process too: with no
         # line known to be the job's, none is known to be a neighbour's

@@ -130,3 +130,30 @@ def test_a_job_that_never_initialised_cuda_is_none_of_the_listed_processes() -> 
     # a listed process holding no more than a context may be the job's own
     _, ev = diagnose_bundle(_context_failed({}, 500 << 20))
     assert not ev.own_absent
+
+
+PRE21 = (
+    "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.15 GiB total capacity; "
+    "{alloc:.2f} GiB already allocated; 1.10 GiB free; {res:.2f} GiB reserved in total by PyTorch)\n"
+)
+
+
+def _printed_after_load(used_mib: int, alloc: float, res: float) -> str:
+    return (
+        "INFO loaded the model; GPU before training:\n"
+        "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader\n"
+        f"40711, python, {used_mib} MiB\n"
+        'Traceback (most recent call last):\n  File "/w/train.py", line 88, in main\n    loss = model(x).loss\n'
+        + PRE21.format(alloc=alloc, res=res)
+    )
+
+
+def test_a_listing_the_job_may_have_printed_itself_before_its_first_step_is_not_a_neighbour() -> None:
+    # the job printed nvidia-smi after loading its 15 GiB model: the line holds less than it held at the OOM
+    d, ev = diagnose_text(_printed_after_load(15_360, 76.1, 77.9))
+    assert ev.log_smi_before_start
+    assert ev.processes == []
+    assert d.verdict != "other_process"
+    # a line holding more than the job's whole reservation at the OOM cannot be the job
+    _, ev = diagnose_text(_printed_after_load(60_000, 16.1, 17.9))
+    assert [(p.pid, p.own) for p in ev.processes] == [(40711, False)]
