@@ -6,9 +6,9 @@ monitoring agent) is invisible to PyTorch's accounting but shows in NVML's proce
 message ("Process PID has X memory in use"). The job's own process appears there too — in a container
 with its own PID namespace torch cannot tell it is itself and prints ``Process PID`` instead of
 "this process" — so it is recognised by its pid (the collector records the job's pids) or, failing
-that, by its usage matching the job's reservation plus its CUDA context; an nvidia-smi listing a log printed before the job started
-holds only others. The verdict needs the other
-processes' memory to be what made the difference: with it released, the request would have fitted.
+that, by its usage matching the job's reservation plus its CUDA context; an nvidia-smi listing a log printed
+before the job started holds only others. The verdict needs the other processes' memory to be what made
+the difference: with it released, the request would have fitted.
 A neighbour too small to count on its own still decides when the job had run in the margin it took: the
 earlier steps at the same batch size peaked at what the failing moment needed and fitted, and the job is
 short now by no more than the others hold. vLLM's check of the device's free memory at start-up, before it

@@ -80,9 +80,7 @@ OWNER = "algorithm"
 
 MIN_CYCLES = 3  # survivors from at least four different steps
 MIN_CYCLE_FRACTION = 0.2  # several survivors per step are fine (three metrics kept per step)
-SITE_IS_CALLS = (
-    1.1  # kept calls holding no more than this times one inner site's blocks hold only that site's
-)
+SITE_IS_CALLS = 1.1  # kept calls holding at most this times one inner site's blocks hold only its
 MINOR_SHARE = 0.05  # survivors below this share of the job's memory, and not decisive, did not cause the OOM
 MANY_CYCLES = 5  # survivors from six different steps are a leak however many each step kept
 RELEASED_MIN = 4  # kept-then-freed blocks that show a site letting go of what it keeps ...

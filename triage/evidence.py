@@ -32,14 +32,14 @@ if TYPE_CHECKING:
 _RE_MIG_PROFILE = re.compile(r"\bMIG[ -]?(\d{1,2}g\.\d{1,3}gb(?:\+me)?)\b", re.IGNORECASE)
 # the slice a pod asked for: its Kubernetes resource name (``nvidia.com/mig-3g.40gb: 1``)
 _RE_MIG_RESOURCE = re.compile(r"nvidia\.com/mig-(\d{1,2}g\.(\d{1,3})gb(?:\+me)?)\b", re.IGNORECASE)
-# the GPU feature discovery label of the node the pod was scheduled to (or selected): its GPUs' memory in
-# MiB, what the pod enrichment reads as the size the job was declared for
 # the GPU type a job asked for by its GKE accelerator name ("cloud.google.com/gke-accelerator: nvidia-a100-80gb",
 # a launcher's "accelerator=nvidia-h100-80gb"): the names that state their memory (NVIDIA's GB, i.e. GiB)
 _RE_GKE_ACCELERATOR = re.compile(
     r"accelerator\s{0,2}[=:]\s{0,2}[\"']?(nvidia-(?:tesla-)?[a-z0-9]{2,8}(?:-[a-z]{2,8})?-(\d{2,3})gb)\b",
     re.IGNORECASE,
 )
+# the GPU feature discovery label of the node the pod was scheduled to (or selected): its GPUs' memory in
+# MiB, what the pod enrichment reads as the size the job was declared for
 _RE_GFD_MEMORY = re.compile(r"nvidia\.com/gpu\.memory\s{0,2}[=:]\s{0,2}[\"']?(\d{4,7})\b")
 # an NVIDIA product name that states its memory, as torch.cuda.get_device_name() or nvidia-smi print it
 # ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "Tesla V100-SXM2-32GB")
@@ -623,9 +623,8 @@ class Evidence:
     cap_set_by_job: str | None = None  # "train.py:12 in main": the job's own code set the fraction cap
     # (fraction, source file, line): the log shows the job's own code setting a fraction cap
     log_fraction_calls: list[tuple[float, str, str]] = field(default_factory=list)
-    traced_files: list[str] = field(
-        default_factory=list
-    )  # the job's own source files its tracebacks run through
+    # the job's own source files its tracebacks run through
+    traced_files: list[str] = field(default_factory=list)
     processes: list[Process] = field(default_factory=list)
     own_process_identified: bool = False
     own_absent: bool = False  # the job's own process is known not to be among the listed ones
@@ -1387,9 +1386,10 @@ def _device(ev: Evidence) -> None:
         frame = {"filename": by["filename"], "line": by["line"], "name": str(by.get("function") or "")}
         name = by["filename"].replace("\\", "/").rsplit("/", 1)[-1]
         where = f"{name}:{by['line']}" + (f" in {frame['name']}" if frame["name"] else "")
-        if ev.classifier.classify(frame)[1] and (not ev.traced_files or _jobs_own_file(ev, by["filename"])):
+        user = ev.classifier.classify(frame)[1]
+        if user and (not ev.traced_files or _jobs_own_file(ev, by["filename"])):
             ev.cap_set_by_job = where
-        elif ev.classifier.classify(frame)[1]:
+        elif user:
             # user code by its path, but outside the folders the job's own traceback runs through
             ev.notes.append(
                 f"The memory fraction was set at {where}, outside the job's own source (its traceback runs "

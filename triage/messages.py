@@ -1468,7 +1468,8 @@ _RE_SETUP_FRAME = re.compile(
     r'|deepspeed/__init__\.py", line \d+, in initialize'
     r'|accelerate/accelerator\.py", line \d+, in prepare(?:_model)?'
     r'|", line \d+, in (?:from_pretrained|load_state_dict)'
-    # a checkpoint loaded straight onto the device (torch.load(map_location="cuda"), safetensors' load_file)
+    # a checkpoint deserialised straight onto the device (torch serialization with map_location="cuda",
+    # safetensors' load_file)
     r'|torch/serialization\.py", line \d+, in load'
     r'|safetensors/torch\.py", line \d+, in load_file'
     # an inference server sizing itself before it serves: vLLM's profiling, warm-up and graph capture
@@ -1983,18 +1984,15 @@ class SmiProcess:
     line_no: int
 
 
-def smi_listing(text: str, until: int | None = None) -> list[SmiProcess]:
-    """The last process listing nvidia-smi printed in ``text`` (up to line ``until`` when given): its rows,
-    consecutive lines apart from the table's borders. A CSV counts only in a log that asked for it
+def smi_listing(text: str) -> list[SmiProcess]:
+    """The last process listing nvidia-smi printed in ``text``: its rows, consecutive lines apart from the
+    table's borders. A CSV counts only in a log that asked for it
     (``--query-compute-apps``): a bare "pid, N MiB" line is not known to be nvidia-smi's."""
     lines = text.split("\n")
     csv_ok = "query-compute-apps" in text
-    last: list[SmiProcess] = []
     run: list[SmiProcess] = []
     prev = -10
     for i in lines_holding(lines, _SMI_WORDS):
-        if until is not None and i + 1 > until:
-            break
         content = _strip_line(lines[i]).content.strip()
         m = _RE_SMI_ROW.match(content)
         row: SmiProcess | None = None
@@ -2007,12 +2005,10 @@ def smi_listing(text: str, until: int | None = None) -> list[SmiProcess]:
         if row is None:
             continue
         if i - prev > 2:  # a new listing (rows of one are next to each other, a border between at most)
-            if run:
-                last = run
             run = []
         run.append(row)
         prev = i
-    return run or last
+    return run
 
 
 def progress_before(text: str, line_no: int) -> bool:
