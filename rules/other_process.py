@@ -73,14 +73,17 @@ def evaluate(ev: Evidence) -> Finding | None:
     f = Finding(rule=ID, verdict=VERDICT, score=0.0)
     if others and other_bytes >= MIN_OTHER_BYTES:
         names = ", ".join(
-            f"pid {p.pid} ({human(p.used_bytes)})" for p in sorted(others, key=lambda p: -p.used_bytes)[:4]
+            f"pid {p.pid} ({human(p.used_bytes)})"
+            if p.pid is not None
+            else f"no process listed ({human(p.used_bytes)})"
+            for p in sorted(others, key=lambda p: -p.used_bytes)[:4]
         )
         if ev.own_process_identified:
             f.facts.append(f"Other processes hold {human(other_bytes)} on the GPU: {names}.")
         elif ev.log_smi_before_start:
             f.facts.append(
-                f"nvidia-smi listed processes holding {human(other_bytes)} on the GPU before the job showed any "
-                f"progress: {names}. They were there before it."
+                f"nvidia-smi showed other processes holding {human(other_bytes)} on the GPU before the job showed "
+                f"any progress: {names}. They were there before it."
             )
         elif ev.own_absent:
             f.facts.append(
@@ -138,6 +141,28 @@ def evaluate(ev: Evidence) -> Finding | None:
         )
         f.values["other_process_bytes"] = other_bytes
         f.score = LIKELY
+    elif (unlisted := ev.unlisted_bytes or 0) >= MIN_OTHER_BYTES:
+        own = sum(p.used_bytes for p in ev.processes)
+        f.facts.append(
+            f"The OOM message lists only the job's own process ({human(own)}, its non-PyTorch memory included), "
+            f"yet {human(unlisted)} more of the {human(ev.total_bytes or 0)} GPU was in use: processes NVML did "
+            "not list (another container's, a display's, an MPS client's) held it."
+        )
+        f.values["unlisted_bytes"] = unlisted
+        f.missing.append("the NVML process list of the node (nvidia-smi on the host) to name them")
+        if unlisted + free < req:
+            f.facts.append("Even without them the request would not have fitted.")
+            f.score = CANDIDATE
+        elif (
+            ev.needed_bytes is not None and ev.total_bytes and ev.needed_bytes > ev.total_bytes - OWN_CONTEXT
+        ):
+            f.facts.append(
+                f"The job alone needed {human(ev.needed_bytes)} of {human(ev.total_bytes)}: it would not fit even "
+                "on an empty GPU."
+            )
+            f.score = CANDIDATE
+        else:
+            f.score = LIKELY if ev.total_bytes and unlisted >= 0.05 * ev.total_bytes else POSSIBLE
     elif ev.non_pytorch_bytes is not None and ev.non_pytorch_bytes > CUDA_CONTEXT_MAX and not ev.processes:
         f.facts.append(
             f"{human(ev.non_pytorch_bytes)} of the GPU is in use outside this process's PyTorch allocator "

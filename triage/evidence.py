@@ -27,7 +27,7 @@ from triage.snapshot.timeline import DeviceTimeline, replay
 from triage.units import GiB, MiB, human
 
 if TYPE_CHECKING:
-    from triage.messages import OomMessage, SmiProcess
+    from triage.messages import OomMessage, SmiGpu, SmiProcess
 
 _RE_MIG_PROFILE = re.compile(r"\bMIG[ -]?(\d{1,2}g\.\d{1,3}gb(?:\+me)?)\b", re.IGNORECASE)
 # the slice a pod asked for: its Kubernetes resource name (``nvidia.com/mig-3g.40gb: 1``)
@@ -630,6 +630,9 @@ class Evidence:
     own_absent: bool = False  # the job's own process is known not to be among the listed ones
     other_process_bytes: int = 0
     non_pytorch_bytes: int | None = None
+    # in use on the device outside every process listed there, when the listing holds the job's own process
+    # and no other (the OOM message's "this process" line alone): memory of processes NVML did not list
+    unlisted_bytes: int | None = None
     batch_size: int | None = None
     step: int | None = None
     steps: list[StepSample] = field(default_factory=list)  # completed steps the collector or log sampled
@@ -669,6 +672,9 @@ class Evidence:
     launcher_pids: set[int] = field(default_factory=set)  # the job's workers, from its launcher's lines
     log_smi: list[SmiProcess] = field(default_factory=list)  # the last process listing nvidia-smi printed
     log_smi_before_start: bool = False  # ... printed before the job showed any progress or failed
+    # the OOM's GPU's memory in use as nvidia-smi printed it before the job showed any progress, with no
+    # process listed (in a container nvidia-smi cannot list the host's processes)
+    log_smi_gpu: SmiGpu | None = None
     earlier_attempt_pids: set[int] = field(default_factory=set)  # workers of attempts before a restart
     setup_call: str | None = None  # the model-setup frame a log's OOM came under, before any training step
     first_step_bar: str | None = (
@@ -1152,12 +1158,22 @@ def build_evidence(
             from triage.messages import size_change_before
 
             ev.log_size_change = size_change_before(text, ev.message.line_no, ev.message.rank)
-        from triage.messages import progress_before, smi_listing
+        from triage.messages import progress_before, smi_gpu_usage, smi_listing
 
         ev.log_smi = smi_listing(text)
         if ev.log_smi:
             first = ev.log_smi[0].line_no
             ev.log_smi_before_start = first < (ev.message.line_no or 0) and not progress_before(text, first)
+        else:
+            gpus = smi_gpu_usage(text)
+            dev = ev.message.device_index
+            pick = [g for g in gpus if len(gpus) == 1 or (dev is not None and g.gpu == dev)]
+            if (
+                pick
+                and pick[0].line_no < (ev.message.line_no or 0)
+                and not progress_before(text, pick[0].line_no)
+            ):
+                ev.log_smi_gpu = pick[0]
     _kind(ev)
     if text and snapshot is None and not _get(b, "kind"):
         _went_on(ev, text, from_log)
@@ -1363,6 +1379,18 @@ def _device(ev: Evidence) -> None:
     if not ev.device_name and ev.log_device_name:
         ev.device_name = ev.log_device_name
         ev.notes.append(f"The log names the device: {ev.log_device_name}.")
+    if m is not None and m.extra.get("batch_search") == "exhausted":
+        ev.notes.append(
+            "accelerate's find_executable_batch_size halved the batch size after each out-of-memory error until "
+            "it reached zero: not even batch size 1 fitted. What does not shrink with the batch (the weights, the "
+            "optimizer state, another process's memory, memory kept across the attempts) filled the memory."
+        )
+    if m is not None and m.extra.get("library_init"):
+        lib = {"cudnn": "cuDNN", "cublas": "cuBLAS"}.get(m.extra["library_init"], m.extra["library_init"])
+        ev.notes.append(
+            f"{lib} could not initialise ({m.extra.get('error')}): it allocates its handle and workspace on "
+            "first use, and a full GPU is the usual cause; a library or driver mismatch reports the same status."
+        )
     if m is not None and m.format == "nvml-assert" and ev.mig_profile is None and "MIG" in m.text:
         ev.mig_profile = "unknown"
     cap = _int(_get(b, "allocator", "fraction_cap_bytes"))
@@ -1747,10 +1775,33 @@ def _processes(ev: Evidence) -> None:
             )
             + "."
         )
+    g = ev.log_smi_gpu
+    if g is not None and not ev.processes and not ev.own_absent:
+        # everything on the GPU before the job showed progress; had the job itself printed it after loading
+        # its model, its share was at most what it held at the OOM (and a context)
+        others = g.used_bytes - (ev.reserved_bytes or 0) - CUDA_CONTEXT_MAX
+        if others > 0:
+            ev.processes.append(Process(None, others, False, "nvidia-smi", "no process listed"))
+            ev.log_smi_before_start = True
+            ev.notes.append(
+                f"nvidia-smi showed {human(g.used_bytes)} in use on the GPU before the job showed any progress "
+                f"(line {g.line_no}), listing no process: at least {human(others)} of it was other processes' "
+                "(all but what the job held at the OOM and a CUDA context)."
+            )
     _sibling_contexts(ev)
     if ev.total_bytes is not None and ev.device_free_bytes is not None and ev.reserved_bytes is not None:
         ev.non_pytorch_bytes = max(0, ev.total_bytes - ev.device_free_bytes - ev.reserved_bytes)
     _unreported_usage(ev, [p for p in unknown if not p.own])
+    if (
+        ev.processes
+        and all(p.own and p.source == "message" for p in ev.processes)
+        and ev.total_bytes is not None
+        and ev.device_free_bytes is not None
+        and ev.vgpu_limit_bytes is None  # a virtual-GPU layer's total and free are its own accounting
+    ):
+        ev.unlisted_bytes = max(
+            0, ev.total_bytes - ev.device_free_bytes - sum(p.used_bytes for p in ev.processes)
+        )
     ev.other_process_bytes = sum(p.used_bytes for p in ev.processes if not p.own)
 
 

@@ -13,7 +13,8 @@ prints (see SNAPSHOT_FORMAT.md §4–5 for the formats):
     device d would exceed allowed memory. (out of memory)`` followed by its ``Currently allocated``,
     ``Requested``, ``Device limit``, ``Free (according to CUDA)`` and ``PyTorch limit`` lines); ``unknown`` (``CUDA out of memory`` with too little
     text to tell the era, e.g. a truncated log); ``cuda-error`` (``CUDA error: out of memory``, the
-    driver/runtime/NCCL/cuBLAS spellings: no numbers); ``nvml-assert`` (``NVML_SUCCESS == r INTERNAL
+    driver/runtime/NCCL/cuBLAS/cuDNN spellings, and cuBLAS/cuDNN "not initialized", which a full GPU gives
+    on their first use, and accelerate's ``No executable batch size found, reached zero.``: no numbers); ``nvml-assert`` (``NVML_SUCCESS == r INTERNAL
     ASSERT FAILED at …CUDACachingAllocator.cpp``, seen on MIG) and ``allocator-assert`` (any other
     internal assert of that file, e.g. ``!handles_.at(i)`` under memory pressure); ``vgpu``
     (HAMi-core's ``[HAMI-core ERROR (pid:P thread=T allocator.c:L)]: Device d OOM U / L``) and
@@ -322,6 +323,9 @@ _TRIGGER_WORDS = (
     "sigkill",
     "exitcode",
     "cublas_status_alloc_failed",
+    "cudnn_status_alloc_failed",
+    "_status_not_initialized",
+    "no executable batch size found",
     "failed to extend",
     "shared memory segment",
     "emptydir volume",
@@ -337,10 +341,11 @@ _TRIGGER_WORDS = (
 )
 _TRIGGER = re.compile(
     r"out of memory|internal assert failed|hami-core|4pdvgpu|unable to (?:write|allocate|mmap)|no space left"
-    r"|killed|bus error|oomkill|(?<!\d)137(?!\d)|sigkill|exitcode|cublas_status_alloc_failed|failed to extend"
+    r"|killed|bus error|oomkill|(?<!\d)137(?!\d)|sigkill|exitcode|cu(?:blas|dnn)_status_(?:alloc_failed|not_initialized)|failed to extend"
     r"|shared memory segment|emptydir volume|running low on memory"
     r"|oom[-_]kill|defaultcpuallocator|preemptively|cuda_error_out_of_memory|cudaerrormemoryallocation"
-    r"|all available ram|low on resource: memory|" + "|".join(map(re.escape, _SERVING_WORDS)),
+    r"|all available ram|low on resource: memory|no executable batch size found|"
+    + "|".join(map(re.escape, _SERVING_WORDS)),
     re.IGNORECASE,
 )
 # Colab's notice when the kernel ran out of the VM's memory and was restarted
@@ -386,8 +391,12 @@ _RE_CUDA_ERR = re.compile(
     r"(?:CUDA|HIP) (?:driver )?error: (?:out of memory|CUBLAS_STATUS_ALLOC_FAILED)"
     r"|cuda runtime error \(2\) ?: out of memory"
     r"|Cuda failure (?:\d{1,4} )?'out of memory'"
-    r"|CUBLAS_STATUS_ALLOC_FAILED|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation"
+    r"|CU(?:BLAS|DNN)_STATUS_ALLOC_FAILED|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation"
+    # cuBLAS and cuDNN allocate their handle and workspace on first use: on a full GPU that fails as
+    # "not initialized" (a library/driver mismatch says the same; extra "library_init" tells them apart)
+    r"|CU(?:BLAS|DNN)_STATUS_NOT_INITIALIZED"
 )
+_RE_BATCH_SEARCH = re.compile(r"No executable batch size found, reached zero\.?")
 _RE_ASSERT = re.compile(
     r"INTERNAL ASSERT FAILED at \"?([^\"\s]{0,512}CUDACachingAllocator\.cpp)\"?:(\d{1,7})"
 )
@@ -525,10 +534,22 @@ def _detect(content: str) -> list[_Hit]:
         if m:
             msg = OomMessage(CUDA_OOM, "async", "", device_index=int(m.group(1)))
             hits.append(_Hit(_error_start(content, m.start()), msg))
-    if "cuda" in low or "cublas" in low or "hip error" in low:
+    if "cuda" in low or "cublas" in low or "hip error" in low or "cudnn" in low:
         m = _RE_CUDA_ERR.search(content)
         if m and (m.start() == 0 or content[m.start() - 1] not in "\"'"):
-            hits.append(_Hit(m.start(), OomMessage(CUDA_OOM, "cuda-error", "", extra={"error": m.group(0)})))
+            msg = OomMessage(CUDA_OOM, "cuda-error", "", extra={"error": m.group(0)})
+            if m.group(0).endswith("NOT_INITIALIZED"):
+                msg.extra["library_init"] = m.group(0).split("_", 1)[0].lower()
+            hits.append(_Hit(m.start(), msg))
+    if "no executable batch size found" in low:
+        m = _RE_BATCH_SEARCH.search(content)
+        if m:
+            # accelerate's find_executable_batch_size (HF Trainer's auto_find_batch_size) halves the batch
+            # after each out-of-memory error it catches, and gives up when it reaches zero
+            msg = OomMessage(
+                CUDA_OOM, "cuda-error", "", extra={"error": m.group(0), "batch_search": "exhausted"}
+            )
+            hits.append(_Hit(_error_start(content, m.start()), msg))
     if "internal assert failed" in low:
         hits.extend(_detect_assert(content))
     if "hami-core" in low or "4pdvgpu" in low:
@@ -1258,6 +1279,9 @@ def memory_samples(text: str, rank: int | None = None, until: int | None = None)
         for raw in whole.split("\r") if "\r" in whole else (whole,):
             if _may_sample(raw):
                 _sample_line(out, lines, i, raw, rank)
+    for sample in out:
+        sample.pop("epoch", None)
+        sample.pop("offset", None)
     return out
 
 
@@ -1337,6 +1361,24 @@ def _sample_line(out: list[dict[str, int]], lines: list[str], i: int, raw: str, 
         if m:
             step = int(next(g for g in m.groups() if g))
             break
+    # a count that starts again in a later epoch (a progress bar per epoch) goes on from where the last
+    # epoch's ended: no new attempt
+    e = _RE_EPOCH_NO.search(content)
+    offset = out[-1].get("offset", 0) if out else 0
+    if e is not None:
+        sample["epoch"] = int(e.group(1))
+        if (
+            step is not None
+            and out
+            and out[-1].get("epoch", sample["epoch"]) < sample["epoch"]
+            and step + offset <= out[-1]["step"]
+        ):
+            offset = out[-1]["step"] + 1 - step
+    elif out and "epoch" in out[-1]:
+        sample["epoch"] = out[-1]["epoch"]
+    sample["offset"] = offset
+    if step is not None:
+        step += offset
     if step is not None and j == i and out and step == out[-1]["step"]:
         # the same step printed again, by another rank (ranks without a prefix) or another logger:
         # one sample, the largest (the rank nearest its limit)
@@ -2007,6 +2049,70 @@ def smi_listing(text: str) -> list[SmiProcess]:
         if i - prev > 2:  # a new listing (rows of one are next to each other, a border between at most)
             run = []
         run.append(row)
+        prev = i
+    return run
+
+
+# nvidia-smi's per-GPU memory: the table's Memory-Usage column ("|  N/A 45C P0 30W / 72W | 22810MiB / 23034MiB |",
+# its GPU's index on the row above) and --query-gpu's CSV ("index, name, memory.used [MiB], memory.total [MiB]"
+# then "0, NVIDIA A100-SXM4-40GB, 27311 MiB, 40960 MiB"; with noheader, the fields as the command asked for them)
+_RE_SMI_USAGE = re.compile(r"^\|.{0,120}?\|\s{0,8}(\d{1,9})MiB\s{0,8}/\s{0,8}(\d{1,9})MiB\s{0,8}\|")
+_RE_SMI_GPU_ROW = re.compile(r"^\|\s{1,8}(\d{1,3})\s{1,8}[A-Za-z]")
+_RE_QUERY_GPU = re.compile(r"--query-gpu[= ]([\w.,]{1,300})")
+_RE_CSV_MIB = re.compile(r"^(\d{1,9})(?: MiB)?$")
+
+
+@dataclass(slots=True)
+class SmiGpu:
+    """One GPU's memory in use as nvidia-smi printed it in a log (every process's, those it cannot list
+    included), its index when printed, its total, and the (1-based) line."""
+
+    gpu: int | None
+    used_bytes: int
+    total_bytes: int | None
+    line_no: int
+
+
+def smi_gpu_usage(text: str) -> list[SmiGpu]:
+    """The last per-GPU memory reading nvidia-smi printed in ``text`` (its table or ``--query-gpu`` CSV),
+    one entry per GPU of that reading."""
+    lines = text.split("\n")
+    run: list[SmiGpu] = []
+    prev = -10
+    fields: list[str] | None = None
+    query = _RE_QUERY_GPU.search(text)
+    if query and "noheader" in text[query.end() : query.end() + 200]:
+        fields = [f.strip().lower() for f in query.group(1).split(",")]
+    for i in lines_holding(lines, ("mib", "memory.used")):
+        content = _strip_line(lines[i]).content.strip()
+        got: SmiGpu | None = None
+        m = _RE_SMI_USAGE.match(content)
+        if m is not None:
+            above = _RE_SMI_GPU_ROW.match(_strip_line(lines[i - 1]).content.strip()) if i else None
+            gpu = int(above.group(1)) if above else None
+            got = SmiGpu(gpu, int(m.group(1)) * MiB, int(m.group(2)) * MiB, i + 1)
+        elif "memory.used" in content.lower() and "," in content and "--query" not in content:
+            fields = [f.strip().split(" ", 1)[0].lower() for f in content.split(",")]
+            continue
+        elif fields and "memory.used" in fields and "," in content:
+            cells = [c.strip() for c in content.split(",")]
+            if len(cells) == len(fields):
+                row = dict(zip(fields, cells, strict=True))
+                used = _RE_CSV_MIB.match(row["memory.used"])
+                total = _RE_CSV_MIB.match(row.get("memory.total", ""))
+                idx = row.get("index", "")
+                if used is not None:
+                    got = SmiGpu(
+                        int(idx) if idx.isdigit() else None,
+                        int(used.group(1)) * MiB,
+                        int(total.group(1)) * MiB if total else None,
+                        i + 1,
+                    )
+        if got is None:
+            continue
+        if i - prev > 5:  # a new reading (a table's GPUs are four lines apart)
+            run = []
+        run.append(got)
         prev = i
     return run
 

@@ -133,3 +133,34 @@ def test_a_checkpoint_loaded_onto_the_device_before_any_step_is_setup() -> None:
     # the same load after training had gone on (an evaluation swapping weights in) is not setup
     text = "step 1200 | loss 0.52\n" + CKPT_TRACEBACK + OOM_L4 + "\n"
     assert setup_frame(text, text.count("\n")) is None
+
+
+def _epoch_bars(levels: list[list[float]]) -> str:
+    return "\n".join(
+        f"Epoch {ep}: {(k + 1) * 10}%|██  | {(k + 1) * 100}/1000 [01:00<02:00, 1.2it/s, loss=2.1, mem_alloc={a:.2f}GiB]"
+        for ep, row in enumerate(levels)
+        for k, a in enumerate(row)
+    )
+
+
+def test_a_progress_bar_per_epoch_counts_on_across_epochs() -> None:
+    """A bar that starts its count again each epoch is one run going on; a count that starts again in the
+    same epoch at the first sample's level is a new attempt."""
+    swing = [[22.1, 18.4, 23.5, 19.0, 21.7], [18.2, 23.9, 19.6, 22.0, 18.9], [21.4, 18.1, 23.2, 19.9, 22.6]]
+    samples = memory_samples(_epoch_bars(swing))
+    steps = [s["step"] for s in samples]
+    assert len(steps) == 15 and steps == sorted(set(steps))
+    assert [round(s["allocated_bytes"] / GiB, 1) for s in samples] == [a for row in swing for a in row]
+    frag = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.10 GiB. GPU 0 has a total capacity of "
+        "79.15 GiB of which 1.05 GiB is free. Including non-PyTorch memory, this process has 78.09 GiB memory in "
+        "use. Of the allocated memory 41.20 GiB is allocated by PyTorch, and 36.30 GiB is reserved by PyTorch but "
+        "unallocated."
+    )
+    d, ev = diagnose_text(_epoch_bars(swing) + "\n" + TRACEBACK + frag + "\n")
+    assert len(ev.steps) == 15 and ev.restart_growth is None
+    # fifteen steps swinging around one level: nothing grows, nothing to call a leak
+    assert d.verdict in ("fragmentation", "inconclusive") and "tensor_leak" not in d.candidates, d.headline
+    # the same bar without epochs: the count starting again at the first sample's level is a new attempt
+    plain = "\n".join(line.split(": ", 1)[1] for line in _epoch_bars(swing).split("\n"))
+    assert len(memory_samples(plain)) < 15
