@@ -155,23 +155,28 @@ def evaluate(ev: Evidence) -> Finding | None:
         f.score = min(f.score - 0.25, POSSIBLE)
     needed = ev.needed_bytes
     peaks = ev.step_peaks if len(ev.steps) >= 3 else []
+    # (a log that printed only each step's peak: its samples are the peaks)
+    tops = peaks or (
+        [s.peak_allocated_bytes for s in ev.steps] if ev.log_peaks_only and len(ev.steps) >= 3 else []
+    )
     if (
         largest is None
         and ru >= req
         and trend is not None
         and trend.steps >= 3
         and not growing
-        and peaks
+        and tops
         and needed is not None
-        and max(peaks) >= needed
+        and max(tops) >= needed
         and not ev.batch_grew_from
         and not (ev.other_process_bytes and ev.other_process_bytes > ru)
     ):
         # the allocator releases every cached segment it can before it gives up: what it still held
         # unallocated was in split segments; the same steps had run higher, and nothing was growing
         f.facts.append(
-            f"{len(peaks)} earlier steps of this size peaked at {human(max(peaks))}, more than the "
-            f"{human(needed)} this moment needed, and live memory after each step did not grow: the step fits, "
+            f"{len(tops)} earlier steps of this size peaked at {human(max(tops))}, more than the "
+            f"{human(needed)} this moment needed, and "
+            f"{'the peaks printed' if ev.log_peaks_only else 'live memory after each step'} did not grow: the step fits, "
             f"and the {human(ru)} left in split segments after the allocator released what it could decided it."
         )
         f.score = max(f.score, LIKELY)

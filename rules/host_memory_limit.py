@@ -135,8 +135,19 @@ def evaluate(ev: Evidence) -> Finding | None:
     for v in ev.contract_violations:
         if getattr(v, "related_verdict", None) == VERDICT:
             f.facts.append(str(getattr(v, "sentence", v)))
-    if ev.host_growth is not None:
-        s0, b0, s1, b1 = ev.host_growth
+    if ev.host_growth is not None and not ev.host_growth[4]:
+        _, b0, _, b1, _ = ev.host_growth
+        f.facts.append(
+            f"The job's host memory rose from {human(b0)} to {human(b1)} while it loaded its data or weights, "
+            "before any training step its log printed: what it loads does not fit the limit it runs under."
+        )
+        f.values["host_growth_bytes"] = b1 - b0
+        f.actions.append(
+            "Load less into host RAM at once (stream or memory-map the data instead of caching it all), or size "
+            "the container's memory limit for what the job loads."
+        )
+    elif ev.host_growth is not None:
+        s0, b0, s1, b1, _ = ev.host_growth
         f.facts.append(
             f"The job's own host memory, as its log printed it, rose at nearly every print, from {human(b0)} at "
             f"step {s0} to {human(b1)} at step {s1}: the limit was reached by memory growing step after step, "

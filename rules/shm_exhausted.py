@@ -23,6 +23,15 @@ VERDICT = "shm_exhausted"
 OWNER = "platform"
 
 DEFAULT_SHM = 64 * MiB
+BUS_ERRORS = frozenset({"shm-bus-error", "shm-worker-bus-error"})
+# where a DataLoader worker writes into shared memory: the collate function's shared storage, torch's
+# storage and multiprocessing code
+SHARED_MEMORY_CODE = (
+    "torch/utils/data/_utils/collate.py",
+    "torch/storage.py",
+    "torch/multiprocessing/",
+    "torch/_utils.py",
+)
 ENOMEM = "12"
 
 
@@ -72,6 +81,23 @@ def evaluate(ev: Evidence) -> Finding | None:
             "Raise vm.max_map_count on the node, or lower DataLoader num_workers, or set the sharing strategy "
             "to file_system (torch.multiprocessing.set_sharing_strategy)."
         )
+    fault = ev.bus_error_frame
+    if (
+        said
+        and fault is not None
+        and all(m.format in BUS_ERRORS for m in said)
+        and not full
+        and not any(w in fault[0].replace("\\", "/") for w in SHARED_MEMORY_CODE)
+    ):
+        # a full /dev/shm faults the worker where it writes a batch into a shared-memory file (the collate
+        # function's shared storage); a fault elsewhere is a memory-mapped file that could not be read
+        f.facts.append(
+            f"The worker faulted in {fault[0].rsplit('/', 1)[-1]}:{fault[1]} ({fault[2]}), not where a batch is "
+            "written to shared memory: a memory-mapped file that could not be read (truncated, or a network "
+            "filesystem's I/O error) raises the same SIGBUS."
+        )
+        f.score = min(f.score, CANDIDATE)
+        f.missing.append("/dev/shm's usage at the crash (df /dev/shm), and the filesystem's errors (dmesg)")
     if ev.shm_total_bytes is not None:
         used = f", {human(ev.shm_used_bytes)} in use" if ev.shm_used_bytes is not None else ""
         f.facts.append(f"/dev/shm is {human(ev.shm_total_bytes)}{used}.")

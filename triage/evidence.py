@@ -600,7 +600,7 @@ class Evidence:
     log_asked_gpu: tuple[str, int] | None = None  # the one GKE accelerator the log names: (name, bytes)
     # (first step, its bytes, last step, its bytes) of host memory the log printed at its steps, when it rose
     # at nearly every print (``host_growth``)
-    host_growth: tuple[int, int, int, int] | None = None
+    host_growth: tuple[int, int, int, int, bool] | None = None  # ..., and whether it grew while training
     log_device_name: str = ""  # the one GPU product (by memory size) the log text names
     fraction_cap_bytes: int | None = None
     fraction_rejected: bool = False
@@ -670,6 +670,11 @@ class Evidence:
     exit_code: int | None = None
     other_killer: str | None = None  # a line naming another sender of SIGKILL (timeout, liveness probe, …)
     launcher_pids: set[int] = field(default_factory=set)  # the job's workers, from its launcher's lines
+    # processes of the same server as the failing one, by their names in nvidia-smi's listing (a Triton
+    # server and the Python-backend stubs it starts, one per model instance)
+    service_pids: set[int] = field(default_factory=set)
+    # where a process faulted with SIGBUS, as faulthandler printed it in the log: (file, line, function)
+    bus_error_frame: tuple[str, int, str] | None = None
     log_smi: list[SmiProcess] = field(default_factory=list)  # the last process listing nvidia-smi printed
     log_smi_before_start: bool = False  # ... printed before the job showed any progress or failed
     # the OOM's GPU's memory in use as nvidia-smi printed it before the job showed any progress, with no
@@ -1010,10 +1015,13 @@ def _traced_files(ev: Evidence, texts: Sequence[str]) -> None:
 
 def _jobs_own_file(ev: Evidence, path: str) -> bool:
     """Whether ``path`` is one of the job's own source files: one its tracebacks ran through as user code, or
-    one in the same folder as those or below it (its launcher beside its worker, its utilities). A platform's
-    hook or a site's launcher (``/opt/gpushare/…/launch.py``, a ``sitecustomize.py``) is elsewhere."""
+    one in the same folder as those or below it (its launcher beside its worker, its utilities), or one named
+    without a folder (relative to the job's own working directory). A platform's hook or a site's launcher
+    (``/opt/gpushare/…/launch.py``, a ``sitecustomize.py``) is elsewhere."""
     path = path.replace("\\", "/")
     name = path.rsplit("/", 1)[-1]
+    if "/" not in path and name not in ("sitecustomize.py", "usercustomize.py"):
+        return True  # a name without a folder, as the job's logger prints its own files (``train.py:88``)
     for f in ev.traced_files:
         home = f.rsplit("/", 1)[0] if "/" in f else ""
         if (
@@ -1154,13 +1162,21 @@ def build_evidence(
             if ev.setup_call is None:
                 from triage.messages import first_step_bar
 
-                ev.first_step_bar = first_step_bar(text, ev.message.line_no, ev.message.rank)
+                ev.first_step_bar = first_step_bar(text, ev.message.line_no)
             from triage.messages import size_change_before
 
             ev.log_size_change = size_change_before(text, ev.message.line_no, ev.message.rank)
-        from triage.messages import progress_before, smi_gpu_usage, smi_listing
+        from triage.messages import bus_error_frame, progress_before, smi_gpu_usage, smi_listing
 
+        ev.bus_error_frame = bus_error_frame(text)
         ev.log_smi = smi_listing(text)
+        if _RE_TRITON_LOG.search(text):
+            ev.service_pids = {
+                r.pid
+                for r in ev.log_smi
+                if r.name.rsplit("/", 1)[-1] == "tritonserver"
+                or r.name.endswith("triton_python_backend_stub")
+            }
         if ev.log_smi:
             first = ev.log_smi[0].line_no
             ev.log_smi_before_start = first < (ev.message.line_no or 0) and not progress_before(text, first)
@@ -1805,6 +1821,10 @@ def _processes(ev: Evidence) -> None:
     ev.other_process_bytes = sum(p.used_bytes for p in ev.processes if not p.own)
 
 
+# Triton's own log lines (its glog prefix names its source files) or its backend API
+_RE_TRITON_LOG = re.compile(r"TRITONBACKEND_|(?:tritonserver|pb_stub|python_be|model_lifecycle)\.cc:\d")
+
+
 def _worker_of_job(ev: Evidence, pid: int | None, used: int) -> bool:
     """Whether a process listed on the GPU is the job's own (its pid, or a worker its launcher started in this
     attempt: two of its ranks share the GPU); a worker of an earlier attempt is not, it outlived it."""
@@ -1818,6 +1838,12 @@ def _worker_of_job(ev: Evidence, pid: int | None, used: int) -> bool:
             "restarted them: it outlived its attempt and still holds the memory."
         )
         return False
+    if pid in ev.service_pids:
+        ev.notes.append(
+            f"Process {pid} ({human(used)} on this GPU) is the failing server's own (Triton's server or one of "
+            "the Python-backend stubs it starts per model instance): the server's model instances fill the GPU."
+        )
+        return True
     if pid in ev.launcher_pids:
         # another rank of this job on the same GPU: not a neighbour, the job's own placement
         ev.notes.append(
@@ -2076,8 +2102,8 @@ HOST_RISING_SHARE = 0.8  # of the changes between host-memory prints: rose at ne
 HOST_GROWTH_SHARE = 0.5  # of the first print: grew by half again or more
 
 
-def host_growth(text: str) -> tuple[int, int, int, int] | None:
-    """(first step, bytes, last step, bytes) when the host memory the log printed at its steps
+def host_growth(text: str) -> tuple[int, int, int, int, bool] | None:
+    """(first step, bytes, last step, bytes, printed at training steps) when the host memory the log printed at its steps
     (``triage.messages.host_memory_samples``) rose at ``HOST_RISING_SHARE`` of its prints or more and by
     ``HOST_GROWTH_SHARE`` of where it began and 1 GiB or more: the job's own host memory growing step after
     step (a list of CPU tensors or batches kept, Python objects in DataLoader workers touched copy-on-write),
@@ -2087,12 +2113,12 @@ def host_growth(text: str) -> tuple[int, int, int, int] | None:
     samples = host_memory_samples(text) if text else []
     if len(samples) < MIN_HOST_SAMPLES:
         return None
-    values = [v for _, v in samples]
+    values = [v for _, v, _ in samples]
     rises = sum(1 for a, b in itertools.pairwise(values) if b > a * 1.002)
     first, last = values[0], values[-1]
     if rises < HOST_RISING_SHARE * (len(values) - 1) or last - first < max(GiB, HOST_GROWTH_SHARE * first):
         return None
-    return samples[0][0], first, samples[-1][0], last
+    return samples[0][0], first, samples[-1][0], last, any(t for _, _, t in samples)
 
 
 def _host(ev: Evidence) -> None:

@@ -419,7 +419,9 @@ _RE_NOSPACE = re.compile(r"No space left on device \(28\)")
 _RE_ERRNO28 = re.compile(r"\[Errno 28\] No space left on device(?:: ?'([^']{0,4096})')?")
 _RE_NCCL_SHM = re.compile(r"failed to extend (/dev/shm/[^\s]{1,4096}) to (\d{1,24}) bytes")
 _RE_NCCL_SEGMENT = re.compile(
-    r"Error while creating shared memory segment (/dev/shm/[^\s()]{1,4096})(?: \(size (\d{1,24})\))?"
+    # NCCL before 2.19 names the segment without its folder ("nccl-shm-recv-…")
+    r"Error while creating shared memory segment (/dev/shm/[^\s()]{1,4096}|nccl-[^\s()/]{1,4096})"
+    r"(?: \(size (\d{1,24})\))?"
 )
 # the kubelet evicting a pod whose memory-backed /dev/shm volume went over its sizeLimit
 _RE_EMPTYDIR = re.compile(r'Usage of EmptyDir volume "([^"]{1,253})" exceeds the limit "([^"]{1,64})"')
@@ -444,6 +446,7 @@ _RE_EXIT137 = re.compile(
 _RE_SIGKILL = re.compile(
     r"exitcode\s{0,10}:\s{0,10}-9(?!\d)|Signal 9 \(SIGKILL\) received by PID (\d{1,10})"
     r"|terminated with signal SIGKILL|signal: killed|<Signals\.SIGKILL: 9>"
+    r"|exits with return code = -9(?!\d)"  # DeepSpeed's launcher
 )
 _RE_PID_PAREN = re.compile(r"\(pid: ?(\d{1,10})\)")
 _RE_LOCAL_RANK = re.compile(r"(?<![\w])local_rank ?[:=] ?(\d{1,7})")
@@ -1297,11 +1300,13 @@ _HOST_MEM_WORDS = ("rss", "host", "cpu", "ram", "estart")  # one of which every 
 MIN_HOST_SAMPLES = 6
 
 
-def host_memory_samples(text: str) -> list[tuple[int, int]]:
-    """(step, bytes) of the host memory a log printed at its steps, oldest first: on a line with a step
-    number, the sum of what it printed for the process and its workers (keys naming a peak or a maximum
-    left out); a line without one is the next step in order. The last attempt's only (after a restart)."""
-    out: list[tuple[int, int]] = []
+def host_memory_samples(text: str) -> list[tuple[int, int, bool]]:
+    """(step, bytes, training) of the host memory a log printed at its steps, oldest first: on a line with a
+    step number, the sum of what it printed for the process and its workers (keys naming a peak or a maximum
+    left out); a line without one is the next step in order. ``training`` tells a line that shows training
+    progress from one printed while the job loaded its data or weights. The last attempt's only (after a
+    restart)."""
+    out: list[tuple[int, int, bool]] = []
     lines = text.split("\n")
     for i in lines_holding(lines, _HOST_MEM_WORDS):
         raw = lines[i]
@@ -1327,7 +1332,8 @@ def host_memory_samples(text: str) -> list[tuple[int, int]]:
                 out.clear()  # the count started again: a new attempt
             else:
                 continue
-        out.append((step, total))
+        training = (sm is not None or _progress_past_start(content)) and not _RE_LOADING.search(content)
+        out.append((step, total, training))
     return out
 
 
@@ -1519,8 +1525,13 @@ _RE_SETUP_FRAME = re.compile(
     r"|determine_available_memory|capture_model|compile_or_warm_up_model|_initialize_kv_caches)"
     # TGI's warm-up: the largest prefill its flags allow, run once before it serves
     r'|text_generation_server/[^"]{1,200}", line \d+, in [Ww]armup'
+    # torch.compile's first call: Inductor benchmarking kernel choices on example buffers (max-autotune)
+    r'|torch/_inductor/select_algorithm\.py", line \d+, in \w+'
     r")\b"
 )
+# a model server's words, on the OOM's own line, that it failed while loading a model (Triton's model
+# repository: "failed to load model 'x': CUDA out of memory", its Python backend's stub initialising a model)
+_RE_LOAD_FAILED = re.compile(r"failed to load model '[^'\n]{1,200}'|Failed to initialize Python stub")
 # an inference server's own words, after the error, that it died while starting (loading and sizing itself)
 _RE_START_FAILED = re.compile(
     r"Shard \d{1,4} failed to start|ShardCannotStart|Engine core initialization failed"
@@ -1555,6 +1566,8 @@ def setup_frame(text: str, line_no: int | None, rank: int | None = None) -> str 
         return None
     lines = text.split("\n")
     found: str | None = None
+    if 0 < line_no <= len(lines) and (lf := _RE_LOAD_FAILED.search(lines[line_no - 1])) is not None:
+        found = lf.group(0)
     i = min(line_no, len(lines)) - 2
     stop = max(-1, line_no - 2 - _SETUP_LOOKBACK)
     while i > stop:
@@ -1611,7 +1624,7 @@ def _traceback_head(text: str, line_no: int) -> tuple[list[str], int, int]:
     return lines, i, stop
 
 
-def first_step_bar(text: str, line_no: int | None, rank: int | None = None) -> str | None:
+def first_step_bar(text: str, line_no: int | None) -> str | None:
     """The progress bar the log showed before the traceback that ends at line ``line_no`` (1-based), when
     it still read ``0/N`` and nothing printed before it showed any progress: the first step had not
     finished (a bar redraws as soon as a step ends). Returns the bar's ``0/N``; else None."""
@@ -1625,9 +1638,9 @@ def first_step_bar(text: str, line_no: int | None, rank: int | None = None) -> s
     # the bars before the trainer's banner were the setup's
     banner = next((k for k in range(len(before) - 1, -1, -1) if _RE_TRAINING_BANNER.search(before[k])), -1)
     bar: str | None = None
+    # every rank's lines count: the ranks of one job step together (each step's collectives wait for all),
+    # and often rank 0 alone draws the bar
     for raw in before[banner + 1 :]:
-        if rank is not None and (g := _strip_line(raw).g) is not None and g != rank:
-            continue
         for part in raw.split("\r") if "\r" in raw else (raw,):
             if _RE_DATA_BAR.search(part) or _RE_LOADING.search(part):
                 continue  # preparing the data or loading the weights, not a training step
@@ -2115,6 +2128,24 @@ def smi_gpu_usage(text: str) -> list[SmiGpu]:
         run.append(got)
         prev = i
     return run
+
+
+# the stack faulthandler prints when a process dies of SIGBUS ("Fatal Python error: Bus error", then
+# "Current thread 0x… (most recent call first):" and '  File "…", line N in NAME' lines)
+_RE_FAULT_FRAME = re.compile(r'^\s{0,8}File "([^"\n]{1,4096})", line (\d{1,7}) in ([\w<>.]{1,200})')
+
+
+def bus_error_frame(text: str) -> tuple[str, int, str] | None:
+    """(file, line, function) where a process faulted with SIGBUS, as faulthandler printed it (the innermost
+    frame of the first stack after ``Fatal Python error: Bus error``); None when the log has no such stack."""
+    i = text.find("Fatal Python error: Bus error")
+    if i < 0:
+        return None
+    for raw in text[i:].split("\n")[1:12]:
+        m = _RE_FAULT_FRAME.match(_strip_line(raw).content)
+        if m is not None:
+            return m.group(1), int(m.group(2)), m.group(3)
+    return None
 
 
 def progress_before(text: str, line_no: int) -> bool:
