@@ -106,7 +106,7 @@ def evaluate(ev: Evidence) -> Finding | None:
     if largest is not None:
         f.values["largest_free_block_bytes"] = largest
         pool = f" in the {ev.request_pool} pool" if ev.request_pool else ""
-        if largest >= req:
+        if largest >= (ev.block_request_bytes or req):
             # a block that could have served the request existed: something else stopped it
             f.facts.append(
                 f"A free block of {human(largest)}{pool} could have served the {human(req)} request, "
@@ -183,28 +183,35 @@ def evaluate(ev: Evidence) -> Finding | None:
     elif (
         (usable := ev.usable_bytes) is not None
         and largest is None
-        and not peaks
+        and needed is not None
+        # the steps' peaks unprinted, or this moment's need with room for a quarter more
+        and (not tops or usable >= UNLIKE_EARLIER * needed)
         and trend is not None
         and trend.steps >= LONG_FLAT_STEPS
         and not growing
         and not trend.staircase
-        and needed is not None
         and needed <= usable
         and trend.growth_bytes <= FLAT_SHARE * usable
         and ru >= max(HOLES_TIMES_REQUEST * req, HOLES_SHARE * usable)
         and not ev.batch_grew_from
         and not (ev.other_process_bytes and ev.other_process_bytes > ru)
     ):
-        # only the floor between steps was printed, flat over a long run: nothing leaked, and steps like
-        # this one ran that long; the holes the allocator could not release were a large share of what the
-        # job could hold and the request several times over
+        # the floor between steps flat over a long run: nothing leaked, and steps like this one ran that long;
+        # the holes the allocator could not release were a large share of what the job could hold and the
+        # request several times over (with the peaks printed, this moment, a little above them, left room for
+        # a quarter more)
         f.facts.append(
             f"Live memory between steps stayed flat over {trend.steps} printed steps, and {human(ru)} — "
             f"{ru / usable:.0%} of what the job could hold — sat in split segments the allocator could not "
-            f"release, {ru / max(1, req):.0f}x the {human(req)} requested: the holes decided it (how high this "
-            "step would have gone is not printed)."
+            f"release, {ru / max(1, req):.0f}x the {human(req)} requested: the holes decided it "
+            + (
+                f"(this moment needed {human(needed)}, {human(usable - needed)} short of all it could hold)."
+                if tops
+                else "(how high this step would have gone is not printed)."
+            )
         )
-        f.missing.append("each step's peak (torch.cuda.max_memory_allocated()) beside its live memory")
+        if not tops:
+            f.missing.append("each step's peak (torch.cuda.max_memory_allocated()) beside its live memory")
         f.score = max(f.score, LIKELY)
     grow = growing_request(ev)
     if grow is not None:
@@ -283,7 +290,13 @@ def evaluate(ev: Evidence) -> Finding | None:
                 "earlier steps peaked at: whether the step fits at all, packed or not, is not known."
             )
             f.score = min(f.score, LEAD)
-        elif needed > BEYOND_EARLIER * before and needed - before > spread:
+        elif (
+            needed > BEYOND_EARLIER * before
+            and needed - before > spread
+            and (usable is None or usable < UNLIKE_EARLIER * needed)
+        ):
+            # (with room left for a quarter more than this moment's need, a step this close to the earlier
+            # ones would have fitted packed: only one far above them could not)
             f.facts.append(
                 f"At the OOM this step already wanted {human(needed)}: {human(needed - before)} more than the "
                 f"{len(peaks)} earlier steps ever peaked at ({human(min(peaks))}–{human(before)}), and it had not "

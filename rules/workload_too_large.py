@@ -285,7 +285,7 @@ def _stranded(ev: Evidence, needed: int | None, usable: int | None) -> str | Non
             f"needed {human(needed)} of the {human(usable)} it could hold: the memory was there, not in one "
             "piece; whether the rest of the step fits is not known."
         )
-    if largest is None or largest >= req:
+    if largest is None or largest >= (ev.block_request_bytes or req):
         return None
     if pool is not None and pool < req and pool + free >= req:
         return (
@@ -459,7 +459,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         and ev.request_bytes is not None
         and ev.free_in_pool_bytes is not None
         and ev.largest_free_block_bytes is not None
-        and ev.request_bytes > ev.largest_free_block_bytes
+        and (ev.block_request_bytes or ev.request_bytes) > ev.largest_free_block_bytes
         and ev.free_in_pool_bytes >= ev.request_bytes
     ):
         f.facts.append(

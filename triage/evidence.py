@@ -849,6 +849,14 @@ class Evidence:
         return None
 
     @property
+    def block_request_bytes(self) -> int | None:
+        """The block the allocator looked for: the request rounded to 512 B (the trace's oom entry), which
+        the message's two-decimal figure can understate by a few MiB."""
+        if self.request_bytes is None:
+            return self.request_rounded_bytes
+        return max(self.request_bytes, self.request_rounded_bytes or 0)
+
+    @property
     def reserved_unallocated_bytes(self) -> int | None:
         if self.reserved_bytes is None or self.allocated_bytes is None:
             return None

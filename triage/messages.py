@@ -1196,7 +1196,8 @@ def went_on_after(text: str, line_no: int, rank: int | None = None) -> tuple[int
 # ``peak_allocated(step)=44.2 GiB``); a max or peak value is the peak.
 _RE_DS_MA = re.compile(r"(?<![\w])MA (\d{1,9}(?:\.\d{1,6})?) ?GB\s{1,40}Max_MA (\d{1,9}(?:\.\d{1,6})?) ?GB")
 _RE_ALLOCATED = re.compile(
-    r"(?<![\w.])((?:(?:[A-Za-z_]{1,40}[._/]){0,4}alloc(?:ated)?|(?-i:(?:[A-Z][a-z]{1,10}){1,3}Alloc(?:ated)?))"
+    r"(?<![\w.])((?:(?:[A-Za-z_]{1,40}[._/]){0,4}alloc(?:ated)?(?:_(?:idle|now|cur|current|live))?"
+    r"|(?-i:(?:[A-Z][a-z]{1,10}){1,3}Alloc(?:ated)?))"
     r"(?:_bytes(?:\.all\.current)?|_(gib|mib|gb|mb))?(?:\([a-z_]{0,12}\))?)"
     r"['\"]?\s{0,3}[:=]?\s{0,3}(\d{1,20}(?:\.\d{1,6})?(?:e\+?\d{1,2})?)\s{0,2}(GiB|MiB|KiB|GB|MB|KB|G|M|bytes|B)?(?![\w])",
     re.IGNORECASE,
@@ -1240,6 +1241,10 @@ _RE_GENERIC_MEM = re.compile(
 # a word just before a generic key that makes it another counter ("reserved mem: 16G", "host memory 12 GB")
 _RE_NOT_LIVE = re.compile(r"reserv|cach|free|total|avail|host|cpu|sys|ram", re.IGNORECASE)
 _RE_PEAK_WORD = re.compile(r"max|peak", re.IGNORECASE)
+_RE_BARE_PEAK = re.compile(
+    r"(?<![\w.])(?:peak|max)\s{0,2}[:=]\s{0,2}(\d{1,9}(?:\.\d{1,6})?)\s{0,2}(GiB|MiB|GB|MB|G|M)(?![\w])",
+    re.IGNORECASE,
+)
 _DS_TIMER_KEYS = frozenset({"MemAllocated", "MaxMemAllocated"})
 # the word in front, apart from the key: Megatron's "| max allocated: 53440.1 |", "peak allocated 31.2 GiB"
 _RE_PEAK_BEFORE = re.compile(r"(?<![\w])(?:max|peak)[ _-]{1,2}$", re.IGNORECASE)
@@ -1285,6 +1290,44 @@ def memory_samples(text: str, rank: int | None = None, until: int | None = None)
     for sample in out:
         sample.pop("epoch", None)
         sample.pop("offset", None)
+    if not out and "GPU_mem" in text:
+        out = _gpu_mem_column(lines[start:end])
+    return out
+
+
+# Ultralytics' training table: a header "Epoch GPU_mem box_loss … Instances Size" and, per epoch, a row
+# "  3/100  7.6G  1.35 …" whose GPU_mem is torch.cuda.memory_reserved() / 1e9 (so GB), printed as "7.6G"
+_RE_EPOCH_ROW = re.compile(r"^\s{0,12}(\d{1,6})/\d{1,6}\s")
+
+
+def _gpu_mem_column(lines: Sequence[str]) -> list[dict[str, int]]:
+    """The GPU_mem column of Ultralytics' table, one sample per epoch (its last row drawn), read as a peak
+    printed alone: the reservation bounds the epoch's peak from above."""
+    out: list[dict[str, int]] = []
+    col: int | None = None
+    for raw in lines:
+        for part in raw.split("\r") if "\r" in raw else (raw,):
+            content = _strip_line(part).content
+            if "GPU_mem" in content:
+                cells = content.split()
+                col = cells.index("GPU_mem") if "GPU_mem" in cells else None
+                continue
+            m = _RE_EPOCH_ROW.match(content)
+            if col is None or m is None:
+                continue
+            cells = content.split()
+            if len(cells) <= col or not cells[col].endswith("G"):
+                continue
+            try:
+                size = parse_size(cells[col][:-1], "GB")
+            except ValueError:
+                continue
+            epoch = int(m.group(1))
+            sample = {"allocated_bytes": size, "peak_allocated_bytes": size, "peak_only": 1, "step": epoch}
+            if out and out[-1]["step"] == epoch:
+                out[-1] = sample  # the bar redrawn within the epoch: its last drawing counts
+            elif not out or epoch > out[-1]["step"]:
+                out.append(sample)
     return out
 
 
@@ -1438,6 +1481,9 @@ def _sample_on(content: str) -> dict[str, int] | None:
             peak = peak if peak is not None else size
         elif current is None:
             current = size
+    if current is not None and peak is None and (m := _RE_BARE_PEAK.search(content)) is not None:
+        # a bare "peak=12.0GiB" beside the allocated reading ("alloc_idle=3.12GiB peak=11.96GiB"): its peak
+        peak = parse_size(m.group(1), _SHORT_UNITS.get(m.group(2).upper(), m.group(2)))
     if current is None and (m := _RE_INTL_ALLOCATED.search(content)) is not None:
         current = parse_size(m.group(1), _INTL_UNITS.get(m.group(2), m.group(2)))
         p = _RE_INTL_PEAK.search(content)

@@ -10,6 +10,8 @@ here).
 
 from __future__ import annotations
 
+import random
+
 from triage.messages import memory_samples, setup_frame
 from triage.pipeline import diagnose_text
 
@@ -164,3 +166,69 @@ def test_a_progress_bar_per_epoch_counts_on_across_epochs() -> None:
     # the same bar without epochs: the count starting again at the first sample's level is a new attempt
     plain = "\n".join(line.split(": ", 1)[1] for line in _epoch_bars(swing).split("\n"))
     assert len(memory_samples(plain)) < 15
+
+
+def test_a_qualified_allocated_key_and_a_bare_peak_beside_it() -> None:
+    line = "[asr] batch=400 reqs=12 max_audio=47.2s | alloc_idle=3.12GiB peak=11.96GiB reserved=10.43GiB"
+    (s,) = memory_samples(line)
+    assert round(s["allocated_bytes"] / GiB, 2) == 3.12 and round(s["peak_allocated_bytes"] / GiB, 2) == 11.96
+    # a bare peak with no allocated reading beside it is not read as live memory
+    assert memory_samples("[asr] batch=400 peak=11.96GiB reserved=10.43GiB") == []
+
+
+def test_holes_decide_a_step_a_little_above_the_earlier_peaks_with_room_to_spare() -> None:
+    """Thirty steps with live memory flat at 31 GiB and peaks of 51-52 GiB; at the OOM the step needs 56.5 GiB
+    of the 78.6 GiB it could hold while 24.9 GiB sits in split segments, six times the request: packed, a step
+    this close to the earlier ones fits. The same holes beside a step that already needs nearly all the job
+    could hold decide nothing."""
+    rng = random.Random(8)
+    prints = "".join(
+        f"step {100 * (k + 1)}: mem_alloc={rng.uniform(31.2, 31.6):.1f}G mem_reserved={52 + 0.9 * k:.1f}G "
+        f"peak={rng.uniform(50.9, 52.3):.1f}G\n"
+        for k in range(30)
+    )
+    oom = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.30 GiB. GPU 0 has a total capacity of "
+        "79.11 GiB of which 1.06 GiB is free. Including non-PyTorch memory, this process has 78.04 GiB memory in "
+        "use. Of the allocated memory {a} GiB is allocated by PyTorch, and {ru} GiB is reserved by PyTorch but "
+        "unallocated.\n"
+    )
+    d, ev = diagnose_text(prints + TRACEBACK + oom.format(a="52.20", ru="24.90"))
+    assert ev.peaks_sampled and len(ev.steps) == 30
+    assert d.verdict == "fragmentation", d.headline
+    d, _ = diagnose_text(prints + TRACEBACK + oom.format(a="70.20", ru="6.90"))
+    assert d.verdict != "fragmentation"
+
+
+def _yolo(gpu_mem: list[str]) -> str:
+    head = "      Epoch    GPU_mem   box_loss   cls_loss   dfl_loss  Instances       Size\n"
+    rows = "".join(
+        head
+        + f"      {k + 1}/100      {g}       1.45       1.81       1.27        121        640: 100%|██████████| "
+        "1012/1012 [10:22<00:00, 1.63it/s]\n"
+        for k, g in enumerate(gpu_mem)
+    )
+    return "Ultralytics 8.3.2 🚀 Python-3.10.12 torch-2.4.1+cu121 CUDA:0 (Tesla T4, 15102MiB)\n" + rows
+
+
+def test_ultralytics_gpu_mem_column_is_read_per_epoch() -> None:
+    """Ultralytics prints torch.cuda.memory_reserved() / 1e9 as GPU_mem in its table, one row per epoch:
+    read as a peak printed alone. Rising every epoch is a leak; flat, the step that then wants far more is a
+    bigger demand."""
+    rising = [f"{5.02 + 1.29 * k:.3g}G" for k in range(9)]
+    samples = memory_samples(_yolo(rising))
+    assert [s["step"] for s in samples] == list(range(1, 10)) and all(s.get("peak_only") for s in samples)
+    assert samples[0]["allocated_bytes"] == 5_020_000_000
+    oom = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {req}. GPU 0 has a total capacity of "
+        "14.75 GiB of which 5.00 MiB is free. Including non-PyTorch memory, this process has 14.74 GiB memory in "
+        "use. Of the allocated memory {a} is allocated by PyTorch, and 120.00 MiB is reserved by PyTorch but "
+        "unallocated.\n"
+    )
+    d, _ = diagnose_text(_yolo(rising) + TRACEBACK + oom.format(req="20.00 MiB", a="14.44 GiB"))
+    assert d.verdict == "tensor_leak", d.headline
+    flat = ["6.1G", "6.2G", "6.1G", "6.2G", "6.2G", "6.1G", "6.2G", "6.2G", "6.1G"]
+    d, _ = diagnose_text(_yolo(flat) + TRACEBACK + oom.format(req="4.20 GiB", a="10.30 GiB"))
+    assert d.verdict == "workload_too_large", d.headline
+    # a table without the column reads nothing
+    assert memory_samples(_yolo(rising).replace("GPU_mem", "gpu_util")) == []

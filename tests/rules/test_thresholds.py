@@ -203,6 +203,17 @@ def test_no_fragmentation_when_a_hole_fits_the_request() -> None:
     assert fragmentation.evaluate(_frag(largest=512 * MiB, ru=6 * GiB)) is None
 
 
+def test_the_hole_is_measured_against_the_rounded_request_of_the_trace() -> None:
+    """The message prints "2.08 GiB" for a 2133.7 MiB block; a 2130.4 MiB hole reads larger than that figure
+    but is smaller than the block the allocator looked for (the trace's oom entry)."""
+    ev = _frag(largest=int(2130.4 * MiB), ru=10 * GiB, req=int(2.08 * GiB))
+    assert fragmentation.evaluate(ev) is None  # from the message's figure alone, the hole fits
+    ev.request_rounded_bytes = 2237335040
+    assert ev.block_request_bytes == 2237335040
+    f = fragmentation.evaluate(ev)
+    assert f is not None and f.score >= STRONG
+
+
 @pytest.mark.parametrize(("ru", "fires"), [(412 * MiB, True), (412 * MiB - 1, False)])
 def test_fragmentation_needs_cached_plus_device_free_memory_at_least_the_request(
     ru: int, fires: bool
