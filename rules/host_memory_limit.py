@@ -10,15 +10,17 @@ Typical causes are DataLoader workers each holding a copy of the dataset, pinned
 offload. GPU memory has nothing to do with it.
 
 A limit reached by host memory that grew at nearly every step the job's log printed it (a list of CPU
-tensors kept, Python objects in DataLoader workers touched copy-on-write) is the job's own growth, which a
-higher limit only puts off: the kill stays a lead, not the platform's verdict.
+tensors kept, Python objects in DataLoader workers touched copy-on-write) is still the limit's kill, the
+only verdict host memory has, but at a lower confidence and with the growth as its first fact: a higher
+limit only puts it off, and the fix is in the job. Host memory that grew while the job loaded its data,
+before any training step, is a load the limit does not hold.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rules.base import CANDIDATE, LEAD, LIKELY, STRONG, Finding
+from rules.base import CANDIDATE, LIKELY, STRONG, Finding
 from triage.units import human
 
 if TYPE_CHECKING:
@@ -163,7 +165,7 @@ def evaluate(ev: Evidence) -> Finding | None:
             "appended each step), Python lists/dicts of samples in the Dataset that workers touch copy-on-write "
             "(store them as numpy arrays), caches without a bound."
         )
-        f.score = min(f.score, LEAD)
+        f.score = min(f.score, LIKELY - 0.05)
     f.actions.append(
         "Raise the container's memory limit (resources.limits.memory) to cover the job's host RAM peak."
     )

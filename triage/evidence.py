@@ -1097,6 +1097,10 @@ def build_evidence(
         ev.other_killer = (
             "Kubernetes: the container terminated with reason Error (not OOMKilled), exit code 137"
         )
+    if text:
+        from triage.logsource import plain_text
+
+        text = plain_text(text)  # a log pipeline's export (JSON lines, Loki, Elasticsearch, CSV): its lines
     texts = [
         t
         for t in (text, _get(b, "error", "message"), _get(b, "error", "traceback"))

@@ -72,11 +72,12 @@ def test_host_memory_that_grew_while_loading_is_a_load_the_limit_does_not_hold()
     assert ev.host_growth is not None and ev.host_growth[4] is False
     assert d.verdict == "host_memory_limit", d.headline
     assert any("while it loaded its data" in e.fact for e in d.evidence)
-    # the same growth printed at training steps: the job's own growth, a lead only
+    # the same growth printed at training steps: the job's own growth, the kill at a lower confidence
     training = "".join(f"[rank2]:step {100 * k} loss 2.1 rss {15.3 * k:.1f} GiB\n" for k in range(1, 15))
-    d, ev = diagnose_text(training + KILLED)
+    grown, ev = diagnose_text(training + KILLED)
     assert ev.host_growth is not None and ev.host_growth[4] is True
-    assert d.verdict == "inconclusive" and "host_memory_limit" in d.candidates
+    assert grown.verdict == "host_memory_limit" and grown.confidence < d.confidence
+    assert any("rose at nearly every print" in e.fact for e in grown.evidence)
 
 
 def test_deepspeeds_sigkill_and_nccls_older_segment_name() -> None:

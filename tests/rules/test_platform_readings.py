@@ -131,9 +131,13 @@ def _killed(rss_gib: list[float]) -> dict[str, Any]:
 
 
 def test_host_memory_rising_at_every_print_up_to_the_kill_is_the_jobs_growth() -> None:
+    """The kill is the limit's (the only verdict host memory has), at a lower confidence, with the job's own
+    growth as the fact to act on."""
     d, ev = diagnose_bundle(_killed([9.0 + 2.3 * k for k in range(24)]))
     assert ev.host_growth is not None
-    assert d.verdict == "inconclusive" and d.candidates[0] == "host_memory_limit"
+    assert d.verdict == "host_memory_limit" and d.confidence < 0.7
+    level, _ = diagnose_bundle(_killed([13.3, 13.4, 13.3, 13.4, 13.4, 13.3, 13.5, 13.4]))
+    assert level.confidence > d.confidence
     fact = next(e.fact for e in d.evidence if "rose at nearly every print" in e.fact)
     assert "from 9.0 GiB at step 100" in fact
     assert any("Find what grows in host memory" in a for a in d.actions)
