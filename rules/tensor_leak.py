@@ -52,6 +52,7 @@ from triage.evidence import (
     allocs_by_site,
     filling_site,
     kept_graphs,
+    large_late_rise,
     live_under_calls,
     live_under_calls_before_trace,
     older_block_frees,
@@ -94,17 +95,26 @@ BOUNDED = 0.4  # survivors that behave like a bounded cache (flat steps, filled 
 GIVEN_BACK = 0.5  # of the per-step rises, given back by falls: memory that is cleared now and then
 
 
-def late_leak(trend: StepTrend, growth_floor: int) -> bool:
+def late_leak(trend: StepTrend, growth_floor: int, limit: int | None = None) -> bool:
     """Live memory rose at each of the last LATE_RISES or more steps, right up to the OOM, never fell in
     the run, and the rise is more than noise: a leak that began late. A cache that filled and stopped has
-    a flat tail; a batch-size change is not counted as a rise."""
-    if (
-        trend.tail_rises < LATE_RISES
-        or trend.falling_fraction > 0.05
-        or trend.rising_fraction >= MIN_RISING_FRACTION
-    ):
+    a flat tail; a batch-size change is not counted as a rise. Fewer rises that together took a large share
+    of what the job could hold are one too, whatever fell before them (``large_late_rise``)."""
+    if trend.rising_fraction >= MIN_RISING_FRACTION:
+        return False
+    if large_late_rise(trend, limit):
+        return True
+    if trend.tail_rises < LATE_RISES or trend.falling_fraction > 0.05:
         return False
     return trend.end_bytes - trend.start_bytes >= growth_floor
+
+
+def _room_in_holes(ev: Evidence) -> bool:
+    """The job had not run out of memory in all: what it needed fitted what it could hold, and the
+    reservation's free memory could have held the request. A small growth did not decide such an OOM."""
+    needed, usable, req = ev.needed_bytes, ev.usable_bytes, ev.request_bytes
+    ru = ev.reserved_unallocated_bytes or 0
+    return needed is not None and usable is not None and req is not None and needed <= usable and ru >= req
 
 
 def _elsewhere(ev: Evidence, st: SiteStats) -> bool:
@@ -632,7 +642,7 @@ def _evaluate(ev: Evidence) -> Finding | None:
                 f"(+{human(max(0, trend.late_growth_bytes))} over the last third of {trend.steps} steps): "
                 "a bounded cache or warm-up, not a leak."
             )
-        elif late_leak(trend, growth_floor):
+        elif late_leak(trend, growth_floor, limit):
             # flat for a while, then up at every step to the OOM: a leak that began late (after the first
             # evaluation, when a feature turned on)
             trend_growing = True
@@ -925,7 +935,13 @@ def _evaluate(ev: Evidence) -> Finding | None:
             _lead_by_regrowth(ev, f)
         if f.leak_site is None:
             _steps_outgrew(ev, trend, f)
-    elif trend is not None and trend.steps >= 8 and trend.rising_fraction >= 0.9 and not trend.plateaued:
+    elif (
+        trend is not None
+        and trend.steps >= 8
+        and trend.rising_fraction >= 0.9
+        and not trend.plateaued
+        and not _room_in_holes(ev)
+    ):
         # a small rise after every single step: live memory after a step is exact to the byte in a
         # healthy loop, so even a few KiB a step is something kept; the longer the run, the surer
         f.score = LIKELY if trend.steps >= 20 and trend.rising_fraction >= 0.95 else LIKELY - 0.05

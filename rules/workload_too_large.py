@@ -70,6 +70,7 @@ from triage.evidence import (
     filling_site,
     frame_key,
     kept_graphs,
+    large_late_rise,
     live_under_calls,
     model_call,
     nothing_kept,
@@ -369,6 +370,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         and trend.steps >= 3
         and (trend.plateaued or (trend.rising_fraction < 0.5 and not trend.staircase))
         and trend.tail_rises < LATE_RISES  # flat, then up at every step to the OOM: a leak that began late
+        and not large_late_rise(trend, ev.limit_bytes)
     )
     beyond = None if early else _beyond(ev, usable)
     if needed is not None and usable is not None:
@@ -397,6 +399,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         (ev.has_trace or trend is not None)
         and not any(s.cycles >= 3 and not s.bounded for s in ev.survivors)
         and not (trend is not None and trend.steps >= 3 and trend.growth_bytes > 0 and trend.never_falls)
+        and not (trend is not None and large_late_rise(trend, ev.limit_bytes))
         and regrown_across_calls(ev) is None
         and regrown_request(ev) is None
         and per_step_blocks(ev) is None

@@ -119,6 +119,8 @@ PROGRESS_AFTER_OOM = 10
 # a step ended between two survivors only if live memory swung by this share of the trace's largest fall
 STEP_SWING_SHARE = 0.5
 LATE_RISES = 8  # consecutive rising steps up to the OOM that make a leak, however flat the steps before
+LATE_RISES_LARGE = 5  # fewer consecutive rises up to the OOM make one when they are large: ...
+LATE_LARGE_SHARE = 0.25  # ... together this share of what the job could hold at least
 SERVING_START_FORMATS = frozenset({"vllm-startup", "serving-config"})  # an inference server sizing itself
 FLOOR_MARGIN = 1.02  # a printed floor and a request past the device by this much (units printed loosely)
 TRACE_MIN_CYCLES = 4  # cycles of live memory in a trace before they are read as steps
@@ -263,6 +265,15 @@ def _restart_growth(ev: Evidence, attempts: list[list[StepSample]]) -> None:
         if len(diffs) >= RESTART_MIN_OVERLAP:
             ev.restart_growth = (before[-1].step, after[0].step, diffs[len(diffs) // 2])
             return
+
+
+def large_late_rise(trend: StepTrend, limit: int | None) -> bool:
+    """Live memory rose at each of the last LATE_RISES_LARGE or more steps right up to the OOM, by a
+    quarter of what the job could hold or more in all: a leak that began late (a validation loop keeping
+    its outputs), whatever fell before it (the training steps' memory released as validation began)."""
+    if not limit or trend.tail_rises < LATE_RISES_LARGE:
+        return False
+    return sum(trend.rise_bytes[-trend.tail_rises :]) >= LATE_LARGE_SHARE * limit
 
 
 @dataclass(slots=True)

@@ -232,3 +232,46 @@ def test_ultralytics_gpu_mem_column_is_read_per_epoch() -> None:
     assert d.verdict == "workload_too_large", d.headline
     # a table without the column reads nothing
     assert memory_samples(_yolo(rising).replace("GPU_mem", "gpu_util")) == []
+
+
+def test_a_validation_loop_that_keeps_its_outputs_is_a_late_leak() -> None:
+    """Training flat at 41.3 GiB, then six validation prints, each 15 GiB higher, right up to the OOM: fewer
+    rises than a slow late leak needs, but together two thirds of the device. A step that merely
+    needed more shows no such climb."""
+    train = "".join(f"train step {250 * k} loss 4.2 allocated=41.3GiB reserved=92.6GiB\n" for k in range(9))
+    val = "".join(f"val batch {10 * k}/1250 allocated={36.0 + 15.2 * k:.1f}GiB\n" for k in range(7))
+    oom = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.53 GiB. GPU 0 has a total capacity of "
+        "139.81 GiB of which 1.10 GiB is free. Including non-PyTorch memory, this process has 138.71 GiB memory "
+        "in use. Of the allocated memory 137.70 GiB is allocated by PyTorch, and 520.00 MiB is reserved by "
+        "PyTorch but unallocated.\n"
+    )
+    d, ev = diagnose_text(train + "running validation (1250 batches)\n" + val + TRACEBACK + oom)
+    assert ev.trend is not None and ev.trend.tail_rises == 6
+    assert d.verdict == "tensor_leak", d.headline
+    # the same rises of a few hundred MiB each: too small to have filled the device, not decided by them
+    small = "".join(f"val batch {10 * k}/1250 allocated={41.3 + 0.3 * k:.1f}GiB\n" for k in range(7))
+    d, _ = diagnose_text(train + small + TRACEBACK + oom)
+    assert d.verdict != "tensor_leak"
+
+
+def test_a_tiny_rise_does_not_decide_an_oom_the_holes_could_have_served() -> None:
+    """Peaks printed every 400 iterations rise by 40 MiB each, 320 MiB over 3200 iterations; at the OOM the
+    step needs 60 GiB of the 78.6 GiB it could hold and 22 GiB of the reservation is free: the job had not
+    run out of memory, so the small rise is not what ended it."""
+    prints = "".join(
+        f"[03/21 04:11:19 d2.utils.events]:  eta: 1 day, 2:11:19  iter: {19 + 400 * k}  total_loss: 1.7  "
+        f"max_mem: {55101 + 40 * k}M\n"
+        for k in range(9)
+    )
+    oom = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total capacity of "
+        "79.15 GiB of which 400.00 MiB is free. Including non-PyTorch memory, this process has 78.75 GiB memory in "
+        "use. Of the allocated memory {a} GiB is allocated by PyTorch, and {ru} GiB is reserved by PyTorch but "
+        "unallocated.\n"
+    )
+    d, _ = diagnose_text(prints + TRACEBACK + oom.format(a="56.10", ru="22.20"))
+    assert d.verdict != "tensor_leak", d.headline
+    # out of memory in all (nothing left in the holes): the steady rise is what there is to go on
+    d, _ = diagnose_text(prints + TRACEBACK + oom.format(a="77.90", ru="0.40"))
+    assert d.verdict == "tensor_leak", d.headline
