@@ -1241,6 +1241,14 @@ _RE_GENERIC_MEM = re.compile(
 # a word just before a generic key that makes it another counter ("reserved mem: 16G", "host memory 12 GB")
 _RE_NOT_LIVE = re.compile(r"reserv|cach|free|total|avail|host|cpu|sys|ram", re.IGNORECASE)
 _RE_PEAK_WORD = re.compile(r"max|peak", re.IGNORECASE)
+# torch.cuda.memory_stats()'s whole-device byte counts, printed as a dict or as (key, value) pairs
+_RE_STATS_CUMULATIVE = re.compile(r"allocated_bytes\.[a-z_]{1,12}\.(?:allocated|freed)")
+_RE_STATS_KEY = re.compile(r"['\"]allocated_bytes\.all\.(current|peak)['\"]\s{0,2}[:,]\s{0,2}(\d{1,20})")
+# torch.cuda.memory_summary()'s "| Allocated memory      |   3993 MiB |   6963 MiB |  46778 GiB | …"
+_RE_SUMMARY_ROW = re.compile(
+    r"^\| Allocated memory\s{1,30}\|\s{0,12}(\d{1,12}) (B|KiB|MiB|GiB|TiB) \|\s{0,12}(\d{1,12}) (B|KiB|MiB|GiB|TiB) \|"
+)
+_SUMMARY_UNITS = {"B": "B", "KiB": "KIB", "MiB": "MIB", "GiB": "GIB", "TiB": "TIB"}
 _RE_BARE_PEAK = re.compile(
     r"(?<![\w.])(?:peak|max)\s{0,2}[:=]\s{0,2}(\d{1,9}(?:\.\d{1,6})?)\s{0,2}(GiB|MiB|GB|MB|G|M)(?![\w])",
     re.IGNORECASE,
@@ -1292,6 +1300,45 @@ def memory_samples(text: str, rank: int | None = None, until: int | None = None)
         sample.pop("offset", None)
     if not out and "GPU_mem" in text:
         out = _gpu_mem_column(lines[start:end])
+    if not out and "allocated_bytes.all.current," in text:
+        out = _stats_csv(lines[start:end])
+    return out
+
+
+def _stats_csv(lines: Sequence[str]) -> list[dict[str, int]]:
+    """Lightning's metrics.csv (DeviceStatsMonitor's columns ``…/allocated_bytes.all.current`` and, when
+    logged, ``…/allocated_bytes.all.peak``, beside ``step``): one sample per row that has the value."""
+    out: list[dict[str, int]] = []
+    cols: tuple[int, int | None, int | None] | None = None
+    for raw in lines:
+        content = _strip_line(raw).content.strip()
+        if "allocated_bytes.all.current" in content:
+            names = content.split(",")
+            cur = next(i for i, n in enumerate(names) if n.endswith("allocated_bytes.all.current"))
+            peak = next((i for i, n in enumerate(names) if n.endswith("allocated_bytes.all.peak")), None)
+            step = next((i for i, n in enumerate(names) if n.strip() == "step"), None)
+            cols = (cur, peak, step)
+            continue
+        if cols is None or "," not in content:
+            continue
+        cells = content.split(",")
+        cur, peak, step = cols
+        if len(cells) <= cur or not cells[cur].strip().isdigit():
+            continue
+        value = int(cells[cur])
+        top = (
+            int(cells[peak])
+            if peak is not None and len(cells) > peak and cells[peak].strip().isdigit()
+            else value
+        )
+        at = (
+            int(cells[step])
+            if step is not None and len(cells) > step and cells[step].strip().isdigit()
+            else None
+        )
+        if at is None or (out and at <= out[-1]["step"]):
+            at = out[-1]["step"] + 1 if out else 0
+        out.append({"allocated_bytes": value, "peak_allocated_bytes": max(value, top), "step": at})
     return out
 
 
@@ -1454,6 +1501,23 @@ def _sample_line(out: list[dict[str, int]], lines: list[str], i: int, raw: str, 
 
 
 def _sample_on(content: str) -> dict[str, int] | None:
+    if "allocated_bytes." in content:
+        # torch.cuda.memory_stats() printed (a dict, or an OrderedDict of pairs): only the whole device's
+        # current and peak count ("…_pool" and the cumulative "allocated"/"freed" counters are not live memory)
+        stats = {k: int(v) for k, v in _RE_STATS_KEY.findall(content)}
+        if "current" in stats:
+            top = max(stats["current"], stats.get("peak", 0))
+            return {"allocated_bytes": stats["current"], "peak_allocated_bytes": top}
+        if _RE_STATS_CUMULATIVE.search(content):
+            return None  # only the cumulative counters: bytes allocated over the run, not live memory
+    if content.lstrip().startswith("| Allocated memory"):
+        # torch.cuda.memory_summary()'s row: current and peak usage, then the cumulative totals
+        row = _RE_SUMMARY_ROW.match(content.lstrip())
+        if row is None:
+            return None
+        cur = parse_size(row.group(1), _SUMMARY_UNITS[row.group(2)])
+        peak = parse_size(row.group(3), _SUMMARY_UNITS[row.group(4)])
+        return {"allocated_bytes": cur, "peak_allocated_bytes": max(cur, peak)}
     m = _RE_DS_MA.search(content)
     if m:
         return {

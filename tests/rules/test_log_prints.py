@@ -275,3 +275,38 @@ def test_a_tiny_rise_does_not_decide_an_oom_the_holes_could_have_served() -> Non
     # out of memory in all (nothing left in the holes): the steady rise is what there is to go on
     d, _ = diagnose_text(prints + TRACEBACK + oom.format(a="77.90", ru="0.40"))
     assert d.verdict == "tensor_leak", d.headline
+
+
+def test_memory_stats_memory_summary_and_lightnings_metrics_csv() -> None:
+    """torch.cuda.memory_stats() printed (a dict on Python 3.12, pairs before), memory_summary()'s
+    "Allocated memory" row, and Lightning's DeviceStatsMonitor columns in metrics.csv: the whole device's
+    current and peak, never the cumulative counters."""
+    as_dict = (
+        "step 200 stats {'allocated_bytes.all.allocated': 380179572224, 'allocated_bytes.all.current': "
+        "4584415744, 'allocated_bytes.all.freed': 375595156480, 'allocated_bytes.all.peak': 7913015398, "
+        "'allocated_bytes.large_pool.current': 4520452608}"
+    )
+    pairs = (
+        "step 200 stats OrderedDict([('allocated_bytes.all.allocated', 380179572224), "
+        "('allocated_bytes.all.current', 4584415744), ('allocated_bytes.all.peak', 7913015398)])"
+    )
+    for line in (as_dict, pairs):
+        (s,) = memory_samples(line)
+        assert (s["allocated_bytes"], s["peak_allocated_bytes"]) == (4584415744, 7913015398)
+    assert memory_samples("stats {'allocated_bytes.all.allocated': 380179572224}") == []
+    summary = "| Allocated memory      |   3993 MiB |   6963 MiB |  46778 GiB |  46775 GiB |"
+    (s,) = memory_samples(summary)
+    assert (s["allocated_bytes"], s["peak_allocated_bytes"]) == (3993 << 20, 6963 << 20)
+    csv = (
+        "epoch,step,DeviceStatsMonitor.on_train_batch_end/allocated_bytes.all.current,"
+        "DeviceStatsMonitor.on_train_batch_end/reserved_bytes.all.current\n"
+        + "".join(
+            f"0,{49 + 250 * k},{4225775104 + 1728723968 * k},{6264193024 + 1728723968 * k}\n"
+            for k in range(8)
+        )
+    )
+    samples = memory_samples(csv)
+    assert [s["step"] for s in samples] == [49 + 250 * k for k in range(8)]
+    assert samples[1]["allocated_bytes"] == 4225775104 + 1728723968
+    d, _ = diagnose_text(csv + TRACEBACK + OOM_L4)
+    assert d.verdict == "tensor_leak", d.headline
