@@ -1516,8 +1516,8 @@ def _sample_on(content: str) -> dict[str, int] | None:
         if row is None:
             return None
         cur = parse_size(row.group(1), _SUMMARY_UNITS[row.group(2)])
-        peak = parse_size(row.group(3), _SUMMARY_UNITS[row.group(4)])
-        return {"allocated_bytes": cur, "peak_allocated_bytes": max(cur, peak)}
+        most = parse_size(row.group(3), _SUMMARY_UNITS[row.group(4)])
+        return {"allocated_bytes": cur, "peak_allocated_bytes": max(cur, most)}
     m = _RE_DS_MA.search(content)
     if m:
         return {
