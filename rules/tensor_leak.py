@@ -635,7 +635,16 @@ def _evaluate(ev: Evidence) -> Finding | None:
     flat_fact = ""
     if trend is not None:
         growth_floor = max(256 * MiB, int(MIN_GROWTH_FRACTION * limit)) if limit else 256 * MiB
-        if trend.plateaued and trend.steps >= 6:
+        if ev.growth_with_input is not None:
+            what, smallest, largest = ev.growth_with_input
+            trend_flat = True
+            flat_fact = (
+                f"{ev.step_series} rose only where the {what} printed beside it grew ({smallest} → {largest}), and "
+                "never otherwise: the input grew and live memory with it (the last batch's outputs, buffers sized "
+                "by it), not something kept."
+            )
+            f.facts.append(flat_fact)
+        elif trend.plateaued and trend.steps >= 6:
             trend_flat = True
             f.facts.append(
                 f"{ev.step_series} rose by {human(trend.early_growth_bytes)} and then levelled off "

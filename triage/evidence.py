@@ -698,6 +698,8 @@ class Evidence:
     )
     # (what, from, to): the log says the input grew just before the OOM, after steps at the smaller size
     log_size_change: tuple[str, int, int] | None = None
+    # live memory rose only where a size printed beside it grew: (what, first, last) (``_growth_with_input``)
+    growth_with_input: tuple[str, int, int] | None = None
     root_rank: int | None = None  # torchrun's "Root Cause (first observed failure)" rank
     survived_oom: str | None = None  # a log's CUDA OOM the job went on after (it did not end the job)
     contract_violations: list[Any] = field(default_factory=list)
@@ -1993,6 +1995,7 @@ def _log_samples(ev: Evidence, text: str, from_log: set[int]) -> None:
         # (printed while the model was still being set up: each sample is a loaded shard, not a step)
         return
     ev.log_peaks_only = peaks_only
+    ev.growth_with_input = _growth_with_input(samples)
     ev.steps = _step_samples(samples)
     ev.peaks_sampled = not other_ranks and any(
         s["peak_allocated_bytes"] > s["allocated_bytes"] for s in samples
@@ -2005,6 +2008,37 @@ def _log_samples(ev: Evidence, text: str, from_log: set[int]) -> None:
             f"{human(ev.steps[-1].allocated_bytes)})"
             + (f", printed by other ranks than the failing rank {m.rank}." if other_ranks and m else ".")
         )
+
+
+GROWTH_NOISE = 512  # a change of live memory between prints smaller than one rounded block is none
+
+
+def _growth_with_input(samples: list[dict[str, Any]]) -> tuple[str, int, int] | None:
+    """(what, first, last) when live memory rose (by more than noise) only where a size the loop printed
+    beside it grew (a curriculum's ``seq_len=1024`` → ``2048``, a larger ``batch_size``), at least twice, and
+    never fell: the input grew, and live memory with it (the last batch's outputs, caches sized by it)."""
+    rises = 0
+    key: str | None = None
+    first = last = 0
+    for a, b in itertools.pairwise(samples):
+        sa, sb = a.get("sizes"), b.get("sizes")
+        if not isinstance(sa, dict) or not isinstance(sb, dict):
+            return None
+        grew = [k for k in sb if k in sa and sb[k] > sa[k]]
+        if any(k in sa and sb[k] < sa[k] for k in sb):
+            return None
+        diff = b["allocated_bytes"] - a["allocated_bytes"]
+        if diff < -GROWTH_NOISE:
+            return None
+        if diff > GROWTH_NOISE:
+            if not grew:
+                return None  # a rise at the same input: something kept
+            rises += 1
+            if key is None:
+                key, first = grew[0], sa[grew[0]]
+            if grew[0] == key:
+                last = sb[key]
+    return (key, first, last) if key is not None and rises >= 2 else None
 
 
 def _fold_peaks(samples: list[dict[str, int]]) -> list[dict[str, int]]:

@@ -1473,6 +1473,9 @@ def _sample_line(out: list[dict[str, int]], lines: list[str], i: int, raw: str, 
     elif out and "epoch" in out[-1]:
         sample["epoch"] = out[-1]["epoch"]
     sample["offset"] = offset
+    sizes = {m.group(1).lower(): int(m.group(2)) for m in _RE_SIZE_KEY.finditer(content)}
+    if sizes:
+        sample["sizes"] = sizes  # type: ignore[assignment]  # the input's sizes printed beside it
     if step is not None:
         step += offset
     if step is not None and j == i and out and step == out[-1]["step"]:
@@ -1787,6 +1790,9 @@ def size_change_before(
     if line_no is None:
         return None
     lines, i, stop = _traceback_head(text, line_no)
+    printed = _size_printed_before(lines, i, stop, rank)
+    if printed is not None:
+        return printed
     for k in range(i - 1, stop, -1):
         ln = _strip_line(lines[k])
         if rank is not None and ln.g is not None and ln.g != rank:
@@ -1799,6 +1805,40 @@ def size_change_before(
             return None
         if _progress_past_start(ln.content):
             return None  # a step ran after the last change (or none was printed): not the first at its size
+    return None
+
+
+# a size the loop prints beside its steps ("seq_len=4096", "image_size: 384", "bs=8")
+_RE_SIZE_KEY = re.compile(
+    r"(?<![\w.])(seq(?:uence)?_?len(?:gth)?|max_seq_len|context_len(?:gth)?|img_?size|image_size|resolution"
+    r"|num_frames|batch_size|micro_batch_size|bs)\s{0,2}[=:]\s{0,2}(\d{1,7})(?![\w.])",
+    re.IGNORECASE,
+)
+
+
+def _size_printed_before(
+    lines: list[str], i: int, stop: int, rank: int | None
+) -> tuple[str, int, int] | None:
+    """(what, from, to) when the last line before the traceback at line index ``i`` prints a size
+    (``[8001] seq_len=8192 bs=8``) larger than the same key had on the loop's earlier lines, and nothing
+    after it reports a finished step (a loss or a memory reading): the first step at the larger size."""
+    latest: tuple[int, str, int] | None = None
+    for k in range(i - 1, stop, -1):
+        ln = _strip_line(lines[k])
+        if rank is not None and ln.g is not None and ln.g != rank:
+            continue
+        sizes = {m.group(1).lower(): int(m.group(2)) for m in _RE_SIZE_KEY.finditer(ln.content)}
+        if latest is None:
+            if not ln.content.strip():
+                continue
+            if not sizes or "loss" in ln.content.lower() or _sample_on(ln.content) is not None:
+                return None  # the last line before the failure finished a step, or says no size
+            key = next(iter(sizes))
+            latest = (k, key, sizes[key])
+            continue
+        _, key, new = latest
+        if key in sizes:
+            return (key, sizes[key], new) if sizes[key] < new else None
     return None
 
 

@@ -310,3 +310,33 @@ def test_memory_stats_memory_summary_and_lightnings_metrics_csv() -> None:
     assert samples[1]["allocated_bytes"] == 4225775104 + 1728723968
     d, _ = diagnose_text(csv + TRACEBACK + OOM_L4)
     assert d.verdict == "tensor_leak", d.headline
+
+
+def _curriculum(levels: list[tuple[int, float]], last: str) -> str:
+    lines = "".join(
+        f"[{500 * (k + 1)}] seq_len={seq} bs=8 loss=2.{90 - k} allocated={a:.1f}GiB peak={a + 0.6:.1f}GiB\n"
+        for k, (seq, a) in enumerate(levels)
+    )
+    return lines + last
+
+
+def test_live_memory_that_rose_only_with_the_printed_input_size_is_no_leak() -> None:
+    """A curriculum: seq_len 512 → 1024 → 2048 → 4096 printed beside each step, live memory flat at each
+    length and higher at the next; the last line before the OOM starts 8192. The rises follow the input, and
+    the failing step is the first at its size. The same rises at one length are something kept."""
+    levels = [(512, 17.9)] * 4 + [(1024, 21.6)] * 4 + [(2048, 29.0)] * 4 + [(4096, 43.8)] * 4
+    oom = (
+        "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB. GPU 0 has a total capacity "
+        "of 79.11 GiB of which 4.60 GiB is free. Including non-PyTorch memory, this process has 74.51 GiB memory "
+        "in use. Of the allocated memory 72.90 GiB is allocated by PyTorch, and 1.10 GiB is reserved by PyTorch "
+        "but unallocated.\n"
+    )
+    text = _curriculum(levels, "[8001] seq_len=8192 bs=8\n" + TRACEBACK + oom)
+    d, ev = diagnose_text(text)
+    assert ev.growth_with_input == ("seq_len", 512, 4096)
+    assert ev.log_size_change == ("seq_len", 4096, 8192)
+    assert d.verdict == "workload_too_large", d.headline
+    same = [(4096, a) for _, a in levels]
+    d, ev = diagnose_text(_curriculum(same, TRACEBACK + oom))
+    assert ev.growth_with_input is None and ev.log_size_change is None
+    assert d.verdict == "tensor_leak", d.headline
