@@ -49,6 +49,7 @@ from triage.evidence import (
     LATE_RISES,
     RELEASED_CALLS,
     accumulating_site,
+    aligned_step,
     allocs_by_site,
     filling_site,
     kept_graphs,
@@ -109,12 +110,20 @@ def late_leak(trend: StepTrend, growth_floor: int, limit: int | None = None) -> 
     return trend.end_bytes - trend.start_bytes >= growth_floor
 
 
-def _room_in_holes(ev: Evidence) -> bool:
-    """The job had not run out of memory in all: what it needed fitted what it could hold, and the
-    reservation's free memory could have held the request. A small growth did not decide such an OOM."""
+def _small_growth_undecisive(ev: Evidence, growth: int) -> bool:
+    """A growth of ``growth`` bytes did not decide the OOM: the job had not run out of memory in all (what
+    it needed fitted what it could hold, and the reservation's free memory could have held the request), or
+    it was short by more than everything that grew (without it, the step still would not have fitted)."""
     needed, usable, req = ev.needed_bytes, ev.usable_bytes, ev.request_bytes
+    if needed is None or usable is None or req is None:
+        return False
     ru = ev.reserved_unallocated_bytes or 0
-    return needed is not None and usable is not None and req is not None and needed <= usable and ru >= req
+    if needed <= usable and ru >= req:
+        return True
+    # what the step would have needed at its peak, set beside the step before it (``aligned_step``)
+    beside = aligned_step(ev)
+    peak = max(needed, beside.predicted) if beside is not None else needed
+    return peak - usable > growth
 
 
 def _elsewhere(ev: Evidence, st: SiteStats) -> bool:
@@ -949,7 +958,7 @@ def _evaluate(ev: Evidence) -> Finding | None:
         and trend.steps >= 8
         and trend.rising_fraction >= 0.9
         and not trend.plateaued
-        and not _room_in_holes(ev)
+        and not _small_growth_undecisive(ev, trend.growth_bytes)
     ):
         # a small rise after every single step: live memory after a step is exact to the byte in a
         # healthy loop, so even a few KiB a step is something kept; the longer the run, the surer

@@ -265,15 +265,18 @@ def test_a_tiny_rise_does_not_decide_an_oom_the_holes_could_have_served() -> Non
         for k in range(9)
     )
     oom = (
-        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total capacity of "
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {req} GiB. GPU 0 has a total capacity of "
         "79.15 GiB of which 400.00 MiB is free. Including non-PyTorch memory, this process has 78.75 GiB memory in "
         "use. Of the allocated memory {a} GiB is allocated by PyTorch, and {ru} GiB is reserved by PyTorch but "
         "unallocated.\n"
     )
-    d, _ = diagnose_text(prints + TRACEBACK + oom.format(a="56.10", ru="22.20"))
+    d, _ = diagnose_text(prints + TRACEBACK + oom.format(req="4.00", a="56.10", ru="22.20"))
     assert d.verdict != "tensor_leak", d.headline
-    # out of memory in all (nothing left in the holes): the steady rise is what there is to go on
-    d, _ = diagnose_text(prints + TRACEBACK + oom.format(a="77.90", ru="0.40"))
+    # short by more than everything that grew (3 GiB against 320 MiB): without the rise it still fails
+    d, _ = diagnose_text(prints + TRACEBACK + oom.format(req="4.00", a="77.90", ru="0.40"))
+    assert d.verdict != "tensor_leak", d.headline
+    # short by less than the rise, nothing left in the holes: the steady rise is what there is to go on
+    d, _ = diagnose_text(prints + TRACEBACK + oom.format(req="0.90", a="78.00", ru="0.30"))
     assert d.verdict == "tensor_leak", d.headline
 
 
