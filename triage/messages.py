@@ -919,6 +919,13 @@ def _fill_torch(msg: OomMessage, text: str) -> None:
             msg.cached_bytes = msg.reserved_unallocated_bytes = _size(m, 1)
             if msg.allocated_bytes is not None:
                 msg.reserved_bytes = msg.allocated_bytes + msg.cached_bytes
+                total = msg.total_bytes
+                if total and msg.reserved_bytes > 1.01 * total and msg.cached_bytes >= msg.allocated_bytes:
+                    # read that way the process would hold more than the device: the figure is the whole
+                    # reservation (memory_cached(), allocated included), as some releases and hand-copied
+                    # messages print it
+                    msg.reserved_bytes = msg.cached_bytes
+                    msg.reserved_unallocated_bytes = msg.cached_bytes - msg.allocated_bytes
     elif new:
         pos = new.start()
         msg.device_index = int(new.group(1))
@@ -1717,11 +1724,16 @@ _RE_EPOCH_NO = re.compile(r"(?<![\w])epoch(?![\w])\s{0,3}[:=#]?\s{0,3}(\d{1,9})"
 
 
 def _progress_past_start(content: str) -> bool:
-    """A line that shows training progress, other than the first epoch's number on its own ("Epoch 0:",
-    what a bar's description prints as the epoch begins: no step has finished yet)."""
+    """A line that shows training progress, other than the first epoch's number on its own ("Epoch 0:", or
+    "Epoch 1/20" counted from one: what a bar's description or a banner prints as the epoch begins, no step
+    has finished yet)."""
     for m in _RE_PROGRESS.finditer(content):
         e = _RE_EPOCH_NO.match(content, m.start())
-        if e is None or e.group(1) != "0":
+        # the first epoch: "Epoch 0", or "Epoch 1/20" counted from one
+        first = e is not None and (
+            e.group(1) == "0" or (e.group(1) == "1" and content[e.end() : e.end() + 1] == "/")
+        )
+        if not first:
             return True
     return False
 
@@ -1810,8 +1822,8 @@ def size_change_before(
 
 # a size the loop prints beside its steps ("seq_len=4096", "image_size: 384", "bs=8")
 _RE_SIZE_KEY = re.compile(
-    r"(?<![\w.])(seq(?:uence)?_?len(?:gth)?|max_seq_len|context_len(?:gth)?|img_?size|image_size|resolution"
-    r"|num_frames|batch_size|micro_batch_size|bs)\s{0,2}[=:]\s{0,2}(\d{1,7})(?![\w.])",
+    r"(?<![\w.])(seq(?:uence)?_?len(?:gth)?|max_(?:seq_)?len|context_len(?:gth)?|img_?size|image_size|resolution"
+    r"|num_frames|batch_size|micro_batch_size|bs)(?:\s{0,2}[=:]\s{0,2}| )(\d{1,7})(?![\w.])",
     re.IGNORECASE,
 )
 

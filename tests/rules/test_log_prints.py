@@ -343,3 +343,44 @@ def test_live_memory_that_rose_only_with_the_printed_input_size_is_no_leak() -> 
     d, ev = diagnose_text(_curriculum(same, TRACEBACK + oom))
     assert ev.growth_with_input is None and ev.log_size_change is None
     assert d.verdict == "tensor_leak", d.headline
+
+
+def test_an_old_cached_figure_larger_than_the_device_allows_is_the_whole_reservation() -> None:
+    """torch ≤ 1.3 printed the cached-but-unallocated memory ("7.33 GiB already allocated; 1.94 MiB free;
+    15.39 MiB cached"); a figure that, added to what was allocated, would exceed the device is the whole
+    reservation instead. And a bar at 0/N under a first epoch counted from one ("Epoch 1/20") is the first
+    step."""
+    from triage.messages import parse_messages
+
+    (m,) = parse_messages(
+        "RuntimeError: CUDA out of memory. Tried to allocate 2.00 MiB (GPU 0; 7.93 GiB total capacity; 7.33 GiB "
+        "already allocated; 1.94 MiB free; 15.39 MiB cached)"
+    )
+    assert m.reserved_unallocated_bytes == round(15.39 * (1 << 20))
+    old = (
+        "RuntimeError: CUDA out of memory. Tried to allocate 1.56 GiB (GPU 0; 11.17 GiB total capacity; 9.42 GiB "
+        "already allocated; 722.50 MiB free; 10.12 GiB cached)"
+    )
+    (m,) = parse_messages(old)
+    assert m.reserved_bytes == round(10.12 * GiB)
+    text = "Epoch 1/20\n\r  0%|          | 0/1875 [00:00<?, ?it/s]" + TRACEBACK + old + "\n"
+    d, ev = diagnose_text(text)
+    assert ev.first_step_bar == "0/1875" and d.verdict == "workload_too_large", d.headline
+    d, ev = diagnose_text(text.replace("Epoch 1/20", "Epoch 2/20"))
+    assert ev.first_step_bar is None
+
+
+def test_a_size_printed_without_an_equals_sign() -> None:
+    steps = "".join(
+        f"step {50 * (k + 1)} tokens_in_batch 8013 max_len {987 - 37 * k} reserved 15.2GiB\n"
+        for k in range(8)
+    )
+    oom = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total capacity of "
+        "22.05 GiB of which 1.32 GiB is free. Process 3188214 has 20.72 GiB memory in use. Of the allocated memory "
+        "20.40 GiB is allocated by PyTorch, and 320.00 MiB is reserved by PyTorch but unallocated.\n"
+    )
+    _, ev = diagnose_text(
+        steps + "step 413 tokens_in_batch 8192 max_len 8192 (single long document)\n" + TRACEBACK + oom
+    )
+    assert ev.log_size_change == ("max_len", 728, 8192)
