@@ -1237,8 +1237,13 @@ def build_evidence(
     if ev.first_step_bar is not None and ev.step is None:
         ev.step = 0
         ev.notes.append(
-            f"The OOM came before the first step finished: the progress bar still read {ev.first_step_bar}, and "
-            "nothing before it showed any progress."
+            "The OOM came before the first step finished: "
+            + (
+                "the loop's own lines name step 0 as the one it was in"
+                if ev.first_step_bar == "step 0"
+                else f"the progress bar still read {ev.first_step_bar}"
+            )
+            + ", and nothing before it showed any progress."
         )
     if text and ev.trend is None and not ev.steps:
         _log_samples(ev, text, from_log)

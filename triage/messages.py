@@ -1752,7 +1752,8 @@ def _traceback_head(text: str, line_no: int) -> tuple[list[str], int, int]:
 def first_step_bar(text: str, line_no: int | None) -> str | None:
     """The progress bar the log showed before the traceback that ends at line ``line_no`` (1-based), when
     it still read ``0/N`` and nothing printed before it showed any progress: the first step had not
-    finished (a bar redraws as soon as a step ends). Returns the bar's ``0/N``; else None."""
+    finished (a bar redraws as soon as a step ends). Returns the bar's ``0/N`` (or ``step 0`` when the
+    loop's own lines name step 0 as the one it is in); else None."""
     if line_no is None:
         return None
     lines, i, _ = _traceback_head(text, line_no)
@@ -1778,9 +1779,26 @@ def first_step_bar(text: str, line_no: int | None) -> str | None:
                 and (e is None or e.group(1) == "0")
             ):
                 bar = f"0/{m.group(2)}"
+            elif m is None and _first_step_line(_strip_line(part).content):
+                bar = bar or "step 0"  # the loop names step 0 as the one it is in ("step 0 after forward")
             elif m is not None or _progress_past_start(_strip_line(part).content):
                 return None
     return bar
+
+
+_RE_STEP_WORD_NO = re.compile(
+    r"(?<![\w])(?:global_step|step|iter(?:ation)?)(?![\w])[\s:=#\[]{0,4}(\d{1,9})", re.I
+)
+
+
+def _first_step_line(content: str) -> bool:
+    """A line that names step 0 and no other step, in the first epoch at most: what a loop prints within
+    its first step ("[mem] step 0 after backward", "step 0: batch 16 x 4096")."""
+    steps = _RE_STEP_WORD_NO.findall(content)
+    if not steps or any(n != "0" for n in steps):
+        return False
+    e = _RE_EPOCH_NO.search(content)
+    return e is None or e.group(1) in ("0", "1")
 
 
 # a log's word that the input grew (a curriculum's schedule, progressive resizing, a batch-size ramp):

@@ -384,3 +384,27 @@ def test_a_size_printed_without_an_equals_sign() -> None:
         steps + "step 413 tokens_in_batch 8192 max_len 8192 (single long document)\n" + TRACEBACK + oom
     )
     assert ev.log_size_change == ("max_len", 728, 8192)
+
+
+def test_the_loops_own_lines_naming_step_0_as_the_one_it_is_in() -> None:
+    """ "[mem] step 0 after backward" before the OOM: the first step had not finished, nothing could have
+    leaked. A line naming a later step, or a completed step 0 followed by later ones, is not that."""
+    from triage.messages import first_step_bar
+
+    oom = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 394.00 MiB. GPU 0 has a total capacity of "
+        "21.99 GiB of which 211.00 MiB is free. Including non-PyTorch memory, this process has 21.78 GiB memory in "
+        "use. Of the allocated memory 21.20 GiB is allocated by PyTorch, and 140.00 MiB is reserved by PyTorch but "
+        "unallocated.\n"
+    )
+    head = (
+        "[mem] after model.cuda(): allocated=5.27GiB reserved=5.29GiB\n"
+        "[mem] step 0 after forward: allocated=13.12GiB reserved=13.60GiB\n"
+        "[mem] step 0 after backward: allocated=10.55GiB reserved=16.72GiB\n"
+    )
+    text = head + TRACEBACK + oom
+    assert first_step_bar(text, text.count("\n")) == "step 0"
+    d, ev = diagnose_text(text)
+    assert ev.step == 0 and d.verdict == "workload_too_large", d.headline
+    later = head + "[mem] step 1 after forward: allocated=13.12GiB reserved=16.72GiB\n" + TRACEBACK + oom
+    assert first_step_bar(later, later.count("\n")) is None
