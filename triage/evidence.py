@@ -3262,7 +3262,7 @@ RELEASED_CALLS = 2  # whole calls of the model a block outlived before it was fr
 
 def turned_over(ev: Evidence, leak: Survivors) -> tuple[int, int, int] | None:
     """(live blocks, allocations made since, most held at once) when the site's count of live blocks
-    reached what it holds now early and the site then went on allocating at least as many blocks again,
+    reached about what it holds now early and the site then went on allocating at least as many blocks again,
     freeing as many, never holding more than a quarter more (or one extra): a cache that evicts (least
     recently used, one entry per key) or a server's store of per-request caches, coming and going around
     one level, turning over, not a leak. A leak's count keeps rising to the end."""
@@ -3289,15 +3289,27 @@ def turned_over(ev: Evidence, leak: Survivors) -> tuple[int, int, int] | None:
         elif action == "free_requested" and e.get("addr") in live:
             live.discard(e.get("addr", 0))
     final = st.count
-    if len(counts) < 2 * final or max(counts) > final + max(1, final // 4):
+    slack = max(1, final // 4)
+    if len(counts) < 2 * final:
         return None
-    reached = next((i for i, c in enumerate(counts) if c >= final), None)
+    # (within a quarter of what it holds now: the last few of a set of re-made tensors come in their turn)
+    reached = next((i for i, c in enumerate(counts) if c >= final - slack), None)
     if reached is None:
         return None
     since = len(counts) - 1 - reached
     # early: it has held that many for most of what it made since it first did (a count that climbed
     # through the trace and levels only among the step under way's own temporaries is still climbing)
-    return (final, since, max(counts)) if since >= max(final, reached) else None
+    if since < max(final, reached):
+        return None
+    if max(counts) > final + slack:
+        # the site's own temporaries (a forward pass under one user line) lift the count between its
+        # re-makes: its floor in each quarter of what it made since must stay level (a pile's floor rises)
+        tail = counts[reached:]
+        q = max(1, len(tail) // 4)
+        floors = [min(tail[k : k + q]) for k in range(0, len(tail), q)]
+        if max(floors) > final + slack or floors[-1] - floors[0] > slack:
+            return None
+    return final, since, max(counts)
 
 
 def released_after_calls(ev: Evidence, sv: Survivors) -> int:
