@@ -44,7 +44,7 @@ import re
 from bisect import bisect_right
 from typing import TYPE_CHECKING
 
-from rules.base import CANDIDATE, LEAD, LIKELY, MIN_WASTE_FRACTION, STRONG, Finding
+from rules.base import CANDIDATE, LEAD, LIKELY, STRONG, Finding
 from triage.evidence import (
     LATE_RISES,
     RELEASED_CALLS,
@@ -91,7 +91,6 @@ STOPPED_STEPS = 4  # steps without a new survivor (and 3x the site's own pace) b
 MAX_FREED_FRACTION = 0.25  # more of the site's trace allocations freed than this: a bounded cache
 MIN_RISING_FRACTION = 0.7
 MIN_GROWTH_FRACTION = 0.05  # of the device limit
-GROWTH_IN_HOLES = 0.1  # a growth below this share of the free holes did not make them
 EARLY_STEP = 1  # a job at this step or before has had no time to leak across steps
 BOUNDED = 0.4  # survivors that behave like a bounded cache (flat steps, filled and stopped, turning over)
 GIVEN_BACK = 0.5  # of the per-step rises, given back by falls: memory that is cleared now and then
@@ -112,23 +111,12 @@ def late_leak(trend: StepTrend, growth_floor: int, limit: int | None = None) -> 
 
 
 def _small_growth_undecisive(ev: Evidence, growth: int) -> bool:
-    """A growth of ``growth`` bytes did not decide the OOM: the job had not run out of memory in all (what
-    it needed fitted what it could hold, and the reservation's free memory could have held the request), or
-    it was short by more than everything that grew (without it, the step still would not have fitted)."""
-    needed, usable, req = ev.needed_bytes, ev.usable_bytes, ev.request_bytes
-    if needed is None or usable is None or req is None:
+    """A growth of ``growth`` bytes did not decide the OOM: the step was short by more than everything that
+    grew (without it, the step, set beside the one before it, still would not have fitted). Holes in the
+    reservation do not clear a small growth: each block it kept pins the segment it sits in."""
+    needed, usable = ev.needed_bytes, ev.usable_bytes
+    if needed is None or usable is None:
         return False
-    # the holes the request could have used: its own pool's when the snapshot shows them (a small request
-    # cannot use the large pool's), and a real share of what the job could hold
-    holes = (
-        ev.free_in_pool_bytes
-        if ev.has_snapshot and ev.free_in_pool_bytes is not None
-        else ev.reserved_unallocated_bytes
-    )
-    # (a growth that is a real share of the holes may have made them, its blocks pinning the segments)
-    if needed <= usable and (holes or 0) >= max(req, MIN_WASTE_FRACTION * usable, growth / GROWTH_IN_HOLES):
-        return True
-    # what the step would have needed at its peak, set beside the step before it (``aligned_step``)
     beside = aligned_step(ev)
     peak = max(needed, beside.predicted) if beside is not None else needed
     return peak - usable > growth
@@ -966,6 +954,8 @@ def _evaluate(ev: Evidence) -> Finding | None:
         and trend.steps >= 8
         and trend.rising_fraction >= 0.9
         and not trend.plateaued
+        # (a floor is exact to the byte; a peak printed alone moves with the input)
+        and not ev.log_peaks_only
         and not _small_growth_undecisive(ev, trend.growth_bytes)
     ):
         # a small rise after every single step: live memory after a step is exact to the byte in a
