@@ -2269,6 +2269,8 @@ class SmiGpu:
 def smi_gpu_usage(text: str) -> list[SmiGpu]:
     """The last per-GPU memory reading nvidia-smi printed in ``text`` (its table or ``--query-gpu`` CSV),
     one entry per GPU of that reading."""
+    if "MiB /" not in text and "memory.used" not in text:
+        return []  # neither the table's Memory-Usage column nor the CSV's header
     lines = text.split("\n")
     run: list[SmiGpu] = []
     prev = -10
