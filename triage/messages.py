@@ -1219,6 +1219,12 @@ _RE_INTL_ALLOCATED = re.compile(
     r"(?:已分配(?:显存)?|分配显存|выделено|割り当て済み|割り当て)" + _RE_INTL_SIZE
 )
 _RE_INTL_PEAK = re.compile(r"(?:峰值|最大已分配|пик|максимум|ピーク)" + _RE_INTL_SIZE)
+# GPU memory "in use" under a key that does not say which counter ("显存占用 8.48 GB", "GPU-память 12 ГБ"): read
+# as the weakest reading, a peak printed alone, like the generic English key
+_INTL_GENERIC = ("显存占用", "显存使用", "占用显存", "GPU显存", "GPU-память", "видеопамять")
+_RE_INTL_GENERIC = re.compile(
+    r"(?:显存占用|显存使用|占用显存|GPU显存|GPU-память|видеопамять)" + _RE_INTL_SIZE
+)
 # a peak printed alone: torchvision's MetricLogger ("max mem: 9518", MiB of torch.cuda.max_memory_allocated()),
 # detectron2 ("max_mem: 4539M"), "Peak GPU memory: 30.10 GB", "peak_mem=12.1GiB"
 _PEAK_ONLY_WORDS = ("max mem", "max_mem", "max_memory", "peak", "Peak", "PEAK")
@@ -1443,6 +1449,7 @@ def _may_sample(line: str) -> bool:
         or "MEM" in line
         or "MA " in line
         or any(k in line for k in _INTL_ALLOCATED)
+        or any(k in line for k in _INTL_GENERIC)
         or any(k in line for k in _PEAK_ONLY_WORDS)
     )
 
@@ -1563,6 +1570,9 @@ def _sample_on(content: str) -> dict[str, int] | None:
         p = _RE_INTL_PEAK.search(content)
         if p is not None and peak is None:
             peak = parse_size(p.group(1), _INTL_UNITS.get(p.group(2), p.group(2)))
+    if current is None and (m := _RE_INTL_GENERIC.search(content)) is not None:
+        size = parse_size(m.group(1), _INTL_UNITS.get(m.group(2), m.group(2)))
+        return {"allocated_bytes": size, "peak_allocated_bytes": size, "peak_only": 1}
     if current is None and peak is not None:
         # the peak alone under a key that names allocated memory ("max_mem_alloc 58.1G")
         return {"allocated_bytes": peak, "peak_allocated_bytes": peak, "peak_only": 1}

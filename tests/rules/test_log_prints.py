@@ -409,3 +409,19 @@ def test_the_loops_own_lines_naming_step_0_as_the_one_it_is_in() -> None:
     assert ev.step == 0 and d.verdict == "workload_too_large", d.headline
     later = head + "[mem] step 1 after forward: allocated=13.12GiB reserved=16.72GiB\n" + TRACEBACK + oom
     assert first_step_bar(later, later.count("\n")) is None
+
+
+def test_gpu_memory_in_use_under_a_chinese_or_russian_key_is_read_as_a_peak_alone() -> None:
+    """ "显存占用 8.48 GB" (GPU memory in use) does not say which counter: the weakest reading, a peak printed
+    alone, as for "Mem 0.57G". Its cache beside it ("缓存") is the reservation, not read."""
+    lines = "".join(
+        f"训练步数 {100 * (k + 1)} | 损失 1.890 | 显存占用 {8.48 + 0.445 * k:.2f} GB | 缓存 {8.79 + 0.445 * k:.2f} GB\n"
+        for k in range(12)
+    )
+    samples = memory_samples(lines)
+    assert len(samples) == 12 and all(s.get("peak_only") for s in samples)
+    assert samples[0]["allocated_bytes"] == 8_480_000_000
+    (s,) = memory_samples("шаг 100 | GPU-память 12.5 ГБ")
+    assert s["allocated_bytes"] == round(12.5 * 1000**3)
+    d, _ = diagnose_text(lines + TRACEBACK + OOM_L4.replace("22.06 GiB", "31.74 GiB"))
+    assert d.verdict == "tensor_leak", d.headline
