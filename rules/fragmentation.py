@@ -370,7 +370,6 @@ def evaluate(ev: Evidence) -> Finding | None:
         )
         f.missing.append("live memory per step (the collector's step samples) or a longer allocator trace")
         f.score = min(f.score, LEAD)
-    needed = ev.needed_bytes
     in_hand = (
         largest is not None
         and pool_free is not None

@@ -63,6 +63,14 @@ def _least_other(ev: Evidence) -> int | None:
     return sum(p.used_bytes for p in ev.processes) - max(could_be_me)
 
 
+def _alone_too_big(ev: Evidence) -> str | None:
+    """A sentence when the job alone needed more than the whole device holds beside its own context."""
+    needed, total = ev.needed_bytes, ev.total_bytes
+    if not total or needed is None or needed <= total - OWN_CONTEXT:
+        return None
+    return f"The job alone needed {human(needed)} of {human(total)}: it would not fit even on an empty GPU."
+
+
 def evaluate(ev: Evidence) -> Finding | None:
     if not ev.is_cuda_oom:
         return None
@@ -126,11 +134,9 @@ def evaluate(ev: Evidence) -> Finding | None:
                 "processes held beyond that share did not decide."
             )
             f.score = min(f.score, CANDIDATE)
-        if ev.total_bytes and ev.needed_bytes is not None and ev.needed_bytes > ev.total_bytes - OWN_CONTEXT:
+        if (alone := _alone_too_big(ev)) is not None:
             # the job alone needs the whole device: the neighbour is not what decided it
-            f.facts.append(
-                f"The job alone needed {human(ev.needed_bytes)} of {human(ev.total_bytes)}: it would not fit even on an empty GPU."
-            )
+            f.facts.append(alone)
             f.score = min(f.score, CANDIDATE)
     elif others and (top := ev.neighbour_took_margin) is not None:
         names = ", ".join(f"pid {p.pid} ({human(p.used_bytes)})" for p in others[:4])
@@ -153,13 +159,8 @@ def evaluate(ev: Evidence) -> Finding | None:
         if unlisted + free < req:
             f.facts.append("Even without them the request would not have fitted.")
             f.score = CANDIDATE
-        elif (
-            ev.needed_bytes is not None and ev.total_bytes and ev.needed_bytes > ev.total_bytes - OWN_CONTEXT
-        ):
-            f.facts.append(
-                f"The job alone needed {human(ev.needed_bytes)} of {human(ev.total_bytes)}: it would not fit even "
-                "on an empty GPU."
-            )
+        elif (alone := _alone_too_big(ev)) is not None:
+            f.facts.append(alone)
             f.score = CANDIDATE
         else:
             f.score = LIKELY if ev.total_bytes and unlisted >= 0.05 * ev.total_bytes else POSSIBLE

@@ -119,6 +119,8 @@ PROGRESS_AFTER_OOM = 10
 # a step ended between two survivors only if live memory swung by this share of the trace's largest fall
 STEP_SWING_SHARE = 0.5
 LATE_RISES = 8  # consecutive rising steps up to the OOM that make a leak, however flat the steps before
+# live memory after a step is exact to the byte: a change smaller than one rounded block is none
+GROWTH_NOISE = 512
 LATE_RISES_LARGE = 5  # fewer consecutive rises up to the OOM make one when they are large: ...
 LATE_LARGE_SHARE = 0.25  # ... together this share of what the job could hold at least
 SERVING_START_FORMATS = frozenset({"vllm-startup", "serving-config"})  # an inference server sizing itself
@@ -516,7 +518,7 @@ def _trend_of(ss: Sequence[StepSample]) -> StepTrend | None:
         for a, b in itertools.pairwise(ss)
     ]
     vals = list(itertools.accumulate(diffs, initial=pts[0][1]))  # live memory, batch-size jumps removed
-    noise = 512  # live memory after a step is exact to the byte; one rounded block is a change
+    noise = GROWTH_NOISE
     rising = sum(1 for d in diffs if d > noise) / len(diffs)
     falling = sum(1 for d in diffs if d < -noise) / len(diffs)
     floor = max(noise, MINOR_CHANGE * max(diffs))
@@ -2013,9 +2015,6 @@ def _log_samples(ev: Evidence, text: str, from_log: set[int]) -> None:
             f"{human(ev.steps[-1].allocated_bytes)})"
             + (f", printed by other ranks than the failing rank {m.rank}." if other_ranks and m else ".")
         )
-
-
-GROWTH_NOISE = 512  # a change of live memory between prints smaller than one rounded block is none
 
 
 def _growth_with_input(samples: list[dict[str, Any]]) -> tuple[str, int, int] | None:

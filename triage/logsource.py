@@ -45,12 +45,12 @@ _CSV_TEXT = ("message", "log", "content", "line", "textpayload")
 
 def plain_text(text: str) -> str:
     """The lines the job printed, from a log pipeline's export; ``text`` itself when it is not one."""
-    head = text.lstrip()[:1]
+    head = text[:4096].lstrip()[:1]
     records: list[tuple[float | None, str]] | None = None
     if head in ("{", "["):
         records = _json_records(text)
-    elif "," in text[:2000] and _csv_header(text) is not None:
-        records = _csv_records(text)
+    elif "," in text[:2000] and (col := _csv_header(text)) is not None:
+        records = _csv_records(text, col)
     if not records or len(records) < _MIN_RECORDS:
         return text
     return _flatten_lines(_join(_ordered(records)))
@@ -194,7 +194,7 @@ def _flatten_lines(text: str) -> str:
 
 
 def _csv_header(text: str) -> int | None:
-    first = text.lstrip().split("\n", 1)[0]
+    first = text[:4096].lstrip().split("\n", 1)[0]
     try:
         cells = next(csv.reader([first]))
     except (csv.Error, StopIteration):
@@ -203,10 +203,8 @@ def _csv_header(text: str) -> int | None:
     return next((i for i, c in enumerate(low) if c in _CSV_TEXT), None)
 
 
-def _csv_records(text: str) -> list[tuple[float | None, str]] | None:
-    col = _csv_header(text)
-    if col is None:
-        return None
+def _csv_records(text: str, col: int) -> list[tuple[float | None, str]] | None:
+    """(time, text) of each row of a CSV export whose column ``col`` holds the message."""
     try:
         rows = list(csv.reader(io.StringIO(text.lstrip())))
     except csv.Error:

@@ -1222,9 +1222,7 @@ _RE_INTL_PEAK = re.compile(r"(?:峰值|最大已分配|пик|максимум|�
 # GPU memory "in use" under a key that does not say which counter ("显存占用 8.48 GB", "GPU-память 12 ГБ"): read
 # as the weakest reading, a peak printed alone, like the generic English key
 _INTL_GENERIC = ("显存占用", "显存使用", "占用显存", "GPU显存", "GPU-память", "видеопамять")
-_RE_INTL_GENERIC = re.compile(
-    r"(?:显存占用|显存使用|占用显存|GPU显存|GPU-память|видеопамять)" + _RE_INTL_SIZE
-)
+_RE_INTL_GENERIC = re.compile("(?:" + "|".join(map(re.escape, _INTL_GENERIC)) + ")" + _RE_INTL_SIZE)
 # a peak printed alone: torchvision's MetricLogger ("max mem: 9518", MiB of torch.cuda.max_memory_allocated()),
 # detectron2 ("max_mem: 4539M"), "Peak GPU memory: 30.10 GB", "peak_mem=12.1GiB"
 _PEAK_ONLY_WORDS = ("max mem", "max_mem", "max_memory", "peak", "Peak", "PEAK")
@@ -1261,7 +1259,6 @@ _RE_STATS_KEY = re.compile(r"['\"]allocated_bytes\.all\.(current|peak)['\"]\s{0,
 _RE_SUMMARY_ROW = re.compile(
     r"^\| Allocated memory\s{1,30}\|\s{0,12}(\d{1,12}) (B|KiB|MiB|GiB|TiB) \|\s{0,12}(\d{1,12}) (B|KiB|MiB|GiB|TiB) \|"
 )
-_SUMMARY_UNITS = {"B": "B", "KiB": "KIB", "MiB": "MIB", "GiB": "GIB", "TiB": "TIB"}
 _RE_BARE_PEAK = re.compile(
     r"(?<![\w.])(?:peak|max)\s{0,2}[:=]\s{0,2}(\d{1,9}(?:\.\d{1,6})?)\s{0,2}(GiB|MiB|GB|MB|G|M)(?![\w])",
     re.IGNORECASE,
@@ -1532,8 +1529,8 @@ def _sample_on(content: str) -> dict[str, int] | None:
         row = _RE_SUMMARY_ROW.match(content.lstrip())
         if row is None:
             return None
-        cur = parse_size(row.group(1), _SUMMARY_UNITS[row.group(2)])
-        most = parse_size(row.group(3), _SUMMARY_UNITS[row.group(4)])
+        cur = parse_size(row.group(1), row.group(2))
+        most = parse_size(row.group(3), row.group(4))
         return {"allocated_bytes": cur, "peak_allocated_bytes": max(cur, most)}
     m = _RE_DS_MA.search(content)
     if m:
@@ -1789,9 +1786,11 @@ def first_step_bar(text: str, line_no: int | None) -> str | None:
                 and (e is None or e.group(1) == "0")
             ):
                 bar = f"0/{m.group(2)}"
-            elif m is None and _first_step_line(_strip_line(part).content):
+                continue
+            content = _strip_line(part).content
+            if m is None and _first_step_line(content):
                 bar = bar or "step 0"  # the loop names step 0 as the one it is in ("step 0 after forward")
-            elif m is not None or _progress_past_start(_strip_line(part).content):
+            elif m is not None or _progress_past_start(content):
                 return None
     return bar
 
@@ -2333,7 +2332,7 @@ def bus_error_frame(text: str) -> tuple[str, int, str] | None:
     i = text.find("Fatal Python error: Bus error")
     if i < 0:
         return None
-    for raw in text[i:].split("\n")[1:12]:
+    for raw in text[i:].split("\n", 12)[1:12]:
         m = _RE_FAULT_FRAME.match(_strip_line(raw).content)
         if m is not None:
             return m.group(1), int(m.group(2)), m.group(3)
