@@ -83,8 +83,8 @@ def _kept_every_step(ev: Evidence) -> Survivors | None:
 
 
 def evaluate(ev: Evidence) -> Finding | None:
-    if not ev.is_cuda_oom:
-        return None
+    if not ev.is_cuda_oom or ev.device_had_room:
+        return None  # the device would have given a fresh segment: the cache's layout did not matter
     req = ev.request_bytes
     ru = ev.reserved_unallocated_bytes
     if req is None or ru is None:

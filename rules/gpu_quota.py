@@ -167,6 +167,14 @@ def evaluate(ev: Evidence) -> Finding | None:
         )
         f.missing.append("the device's total memory (the OOM message) and its MIG profile")
         f.score = CANDIDATE
+    if f.score <= 0 and ev.device_had_room:
+        f.facts.append(
+            f"The device had {human(ev.device_free_bytes or 0)} free after the failure, far more than the "
+            f"{human(req)} requested: a limit below the device's own (a fraction cap set outside the job's code, "
+            "a virtual-GPU layer) would refuse it so, and this input does not show one either way."
+        )
+        f.missing.append("the job's memory cap settings and nvidia-smi at the time of the OOM")
+        f.score = CANDIDATE
     m = ev.message
     if f.score <= 0 and m is not None and m.format == "nvml-assert":
         f.facts.append(

@@ -601,6 +601,11 @@ def _older(kc: KeptCalls) -> str:
 
 def evaluate(ev: Evidence) -> Finding | None:
     f = _evaluate(ev)
+    if f is not None and ev.device_had_room:
+        # whatever the job kept, the device had room for this request: the leak did not cause this OOM
+        if f.score <= CANDIDATE:
+            return None
+        f.score = CANDIDATE
     kept = ev.restart_kept_bytes
     if kept is None or ev.restart_growth is None or not (ev.is_cuda_oom or ev.kind == "none"):
         return f

@@ -344,8 +344,8 @@ def _serving_config(m: OomMessage, f: Finding) -> Finding:
 
 
 def evaluate(ev: Evidence) -> Finding | None:
-    if not ev.is_cuda_oom:
-        return None
+    if not ev.is_cuda_oom or ev.device_had_room:
+        return None  # with room on the device, no step of the job's was too large for it
     f = Finding(rule=ID, verdict=VERDICT, score=CANDIDATE)
     if ev.message is not None and ev.message.format == "serving-config":
         return _serving_config(ev.message, f)

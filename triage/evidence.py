@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
-from triage.simulate.allocator import round_size
+from triage.simulate.allocator import allocation_size, round_size
 from triage.snapshot.accounting import Accounting, Totals, account
 from triage.snapshot.frames import FrameClassifier, Site
 from triage.snapshot.model import INACTIVE, Snapshot, TraceEntry, frame_fields
@@ -130,6 +130,11 @@ FLAT_FLOOR_SHARE = 0.03  # of what the job could hold: a trace's step floors wit
 RECENT_BATCH_STEPS = 2  # a batch that grew this many completed steps before the OOM still explains it
 SMALL_POOL_MAX = 1 * MiB
 KEPT_CALL_SHARE = 0.2  # a call's blocks still alive, of all it allocated, that make its graph kept
+# the device had room for the request (``Evidence.device_had_room``): free after the failure at least this many
+# fresh segments for it and this much to spare, with the job holding at most this share of what it could
+ROOM_SEGMENTS = 16
+ROOM_SPARE = 2 * GiB
+ROOM_HELD_SHARE = 0.4
 SNAPSHOT_MESSAGE_SLACK = 64 * MiB  # allocated bytes a snapshot and its message may differ by (rounding)
 # what torch reports as the total of a MIG slice (GiB, by profile); larger slices (3g/4g/7g) match whole GPUs
 MIG_SLICE_SIZES = (
@@ -872,6 +877,30 @@ class Evidence:
         return max(self.request_bytes, self.request_rounded_bytes or 0)
 
     @property
+    def device_had_room(self) -> bool:
+        """The device's free memory at the OOM, read after the allocator had released every cached segment
+        it could, would have held a fresh segment for the request many times over (sixteen, and 2 GiB to
+        spare), the job held under 40% of what it could, and no cap this input shows stood in between: the
+        job's own memory did not run out. (A free figure a little above the request is not this: drivers
+        refuse allocations near the free total.)
+        ``cudaMalloc`` refused for a reason outside the job's tensors: a cap this input does not print (a
+        fraction set by a wrapper, a virtual-GPU layer), a neighbour that freed its memory just after the
+        failure, or the host (the driver needs host memory to map device memory)."""
+        req = self.block_request_bytes
+        free = self.device_free_bytes
+        if not self.is_cuda_oom or not req or free is None:
+            return False
+        if self.fraction_cap_bytes or self.fraction_rejected or self.vgpu_limit_bytes:
+            return False
+        if self.message is not None and self.message.format in ("vllm-startup", "serving-config"):
+            return False  # a budget a server was told to take, not one cudaMalloc
+        seg = allocation_size(round_size(req))
+        needed, usable = self.needed_bytes, self.usable_bytes
+        if needed is None or not usable or needed > ROOM_HELD_SHARE * usable:
+            return False
+        return free >= max(ROOM_SEGMENTS * seg, seg + ROOM_SPARE)
+
+    @property
     def reserved_unallocated_bytes(self) -> int | None:
         if self.reserved_bytes is None or self.allocated_bytes is None:
             return None
@@ -1256,6 +1285,15 @@ def build_evidence(
     if survivors:
         _survivors(ev)
         _kept_calls(ev)
+    if ev.device_had_room:
+        ev.notes.append(
+            f"The device still had {human(ev.device_free_bytes or 0)} free after the failure, many times the "
+            f"{human(ev.request_bytes or 0)} requested: the job's own memory did not run out. Something outside "
+            "its tensors refused the allocation: a memory cap this input does not show (a fraction set by a "
+            "wrapper, a virtual-GPU layer), a neighbour that freed its memory just after, or the host (the driver "
+            "needs host memory to map device memory; a full host RAM fails it). nvidia-smi and the host's memory "
+            "at the time would decide."
+        )
     _contract(ev)
     return ev
 
