@@ -45,6 +45,8 @@ _CSV_TEXT = ("message", "log", "content", "line", "textpayload")
 
 def plain_text(text: str) -> str:
     """The lines the job printed, from a log pipeline's export; ``text`` itself when it is not one."""
+    if text[:4096].lstrip().startswith("==> "):
+        return _file_sections(text)
     head = text[:4096].lstrip()[:1]
     records: list[tuple[float | None, str]] | None = None
     if head in ("{", "["):
@@ -54,6 +56,32 @@ def plain_text(text: str) -> str:
     if not records or len(records) < _MIN_RECORDS:
         return text
     return _flatten_lines(_join(_ordered(records)))
+
+
+_RE_FILE_HEADER = re.compile(r"^==> (.{1,512}) <==$", re.MULTILINE)
+_RE_RANK_IN_NAME = re.compile(r"rank[_-]?(\d{1,7})", re.IGNORECASE)
+_RE_NUMBER = re.compile(r"\d{1,7}")
+
+
+def _file_sections(text: str) -> str:
+    """Several files' logs as ``tail``/``head`` print them (each after ``==> name <==``): each file's lines
+    marked as one rank's, so one rank's memory prints are not read as another's. The rank is the one the file
+    name gives (``rank3.log``, ``worker-1.out``: its number), else the file's place. A line's own rank prefix
+    still decides its rank. One file alone is returned as it is."""
+    heads = list(_RE_FILE_HEADER.finditer(text))
+    if len(heads) < 2:
+        return text
+    out = [text[: heads[0].start()]]
+    for i, h in enumerate(heads):
+        name = h.group(1).strip().rsplit("/", 1)[-1]
+        m = _RE_RANK_IN_NAME.search(name)
+        nums = _RE_NUMBER.findall(name)
+        rank = int(m.group(1)) if m else int(nums[-1]) if len(nums) == 1 else i
+        end = heads[i + 1].start() if i + 1 < len(heads) else len(text)
+        body = text[h.end() : end]
+        out.append(h.group(0))
+        out.append("\n".join(f"[rank{rank}]: {ln}" if ln.strip() else ln for ln in body.split("\n")))
+    return "".join(out)
 
 
 def _json_records(text: str) -> list[tuple[float | None, str]] | None:

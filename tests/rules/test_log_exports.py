@@ -130,3 +130,29 @@ def test_plain_logs_and_json_that_is_not_an_export_come_back_as_they_are() -> No
     assert plain_text(brace) is brace
     hf = "{'loss': 1.15, 'learning_rate': 4.6e-05, 'epoch': 0.05}\n{'loss': 1.1, 'epoch': 0.1}\n"
     assert plain_text(hf) is hf
+
+
+def test_several_files_as_tail_prints_them_are_read_rank_by_rank() -> None:
+    """``tail -n +1 out/*.log``: each file after its ``==> name <==`` header. The failing rank's prints are its
+    own file's; the other rank's flat prints are not mixed into its steps (they were read as 19 samples
+    rising in 78% of steps)."""
+    text = ["==> out/rank0.log <=="]
+    text += [f"iter {k * 50} | loss 1.{90 - k} | gpu_mem_allocated 20.{k % 3}GB" for k in range(1, 13)]
+    text += ["", "==> out/rank1.log <=="]
+    text += [f"iter {k * 50} | loss 1.{90 - k} | gpu_mem_allocated {20 + k * 7}.0GB" for k in range(1, 8)]
+    text += LINES[8:]
+    plain = plain_text("\n".join(text) + "\n")
+    assert plain.count("[rank1]: iter") == 7 and plain.count("[rank0]: iter") == 12
+    assert "\n==> out/rank1.log <==\n" in plain
+    d, ev = diagnose_text(plain)
+    assert ev.trend is not None and ev.trend.steps == 7
+    assert d.verdict == "tensor_leak"
+
+
+def test_file_names_give_the_rank_and_a_lines_own_prefix_still_decides() -> None:
+    text = "==> logs/worker-3.out <==\nstep 1\n[rank5]: step 2\n\n==> logs/eval.log <==\nloss 1\n"
+    plain = plain_text(text)
+    assert "[rank3]: step 1" in plain and "[rank3]: [rank5]: step 2" in plain
+    assert "[rank1]: loss 1" in plain  # no number in the name: the file's place
+    one = "==> logs/worker-3.out <==\nstep 1\n"
+    assert plain_text(one) == one
