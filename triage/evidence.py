@@ -135,6 +135,10 @@ KEPT_CALL_SHARE = 0.2  # a call's blocks still alive, of all it allocated, that 
 ROOM_SEGMENTS = 16
 ROOM_SPARE = 2 * GiB
 ROOM_HELD_SHARE = 0.4
+# a log's prints of the reservation alone are read as peaks only when the OOM's free-in-reserved memory is at
+# most this share of the rise they show
+RESERVED_FREE_SHARE = 0.25
+RESERVED_FLAT = 0.05  # of the highest print: a reservation that rose less stayed flat
 SNAPSHOT_MESSAGE_SLACK = 64 * MiB  # allocated bytes a snapshot and its message may differ by (rounding)
 # what torch reports as the total of a MIG slice (GiB, by profile); larger slices (3g/4g/7g) match whole GPUs
 MIG_SLICE_SIZES = (
@@ -2020,6 +2024,8 @@ def _log_samples(ev: Evidence, text: str, from_log: set[int]) -> None:
         # code: whether live memory grew step after step holds for every rank. What each rank holds can
         # differ (a pipeline's stages), so their floors and peaks are not taken for the failing rank's.
         samples = memory_samples(text, None, m.line_no)
+    if any(s.get("reserved") for s in samples):
+        samples = _reservation_read(ev, samples)
     # a line that printed the peak alone (torch.cuda.max_memory_allocated()) says how high the steps went,
     # not what they left behind: no floor. A peak that is never reset rises whenever a larger input comes;
     # only a long run of prints that rise nearly every time reads as growth
@@ -2053,6 +2059,19 @@ def _log_samples(ev: Evidence, text: str, from_log: set[int]) -> None:
             f"{human(ev.steps[-1].allocated_bytes)})"
             + (f", printed by other ranks than the failing rank {m.rank}." if other_ranks and m else ".")
         )
+
+
+def _reservation_read(ev: Evidence, samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The samples without the reservation's prints, unless they stayed flat (the steps' peaks stayed under
+    it) or the OOM shows the reservation was nearly all allocated: then it rose with what the steps allocated;
+    with much of it free (holes that could not serve the requests, cached memory), its rise may be the
+    cache's, not live memory's."""
+    held = [s["allocated_bytes"] for s in samples if s.get("reserved")]
+    rise = max(held) - min(held)
+    free = ev.reserved_unallocated_bytes
+    if rise <= RESERVED_FLAT * max(held) or (free is not None and free <= RESERVED_FREE_SHARE * rise):
+        return samples
+    return [s for s in samples if not s.get("reserved")]
 
 
 def _growth_with_input(samples: list[dict[str, Any]]) -> tuple[str, int, int] | None:

@@ -1259,6 +1259,14 @@ _RE_STATS_KEY = re.compile(r"['\"]allocated_bytes\.all\.(current|peak)['\"]\s{0,
 _RE_SUMMARY_ROW = re.compile(
     r"^\| Allocated memory\s{1,30}\|\s{0,12}(\d{1,12}) (B|KiB|MiB|GiB|TiB) \|\s{0,12}(\d{1,12}) (B|KiB|MiB|GiB|TiB) \|"
 )
+# torch.cuda.memory_reserved() (or its peak) printed alone ("mem_reserved: 22.4 GB", "memory_reserved()=…",
+# "max_memory_reserved 61.0GiB"): the allocator's reservation bounds each step's peak from above and never
+# shrinks without empty_cache(), so it reads as a peak printed alone, like Ultralytics' GPU_mem column
+_RE_RESERVED = re.compile(
+    r"(?<![\w.])(?:[A-Za-z_]{1,40}[._/]){0,3}(?:max_|peak_)?(?:mem(?:ory)?[ _])?reserved(?:_bytes|_(gib|mib|gb|mb))?"
+    r"(?:\(\))?['\"]?\s{0,3}[:=]?\s{0,3}(\d{1,20}(?:\.\d{1,6})?)\s{0,2}(GiB|MiB|GB|MB|G|M)?(?![\w])",
+    re.IGNORECASE,
+)
 _RE_BARE_PEAK = re.compile(
     r"(?<![\w.])(?:peak|max)\s{0,2}[:=]\s{0,2}(\d{1,9}(?:\.\d{1,6})?)\s{0,2}(GiB|MiB|GB|MB|G|M)(?![\w])",
     re.IGNORECASE,
@@ -1313,6 +1321,26 @@ def memory_samples(text: str, rank: int | None = None, until: int | None = None)
     if not out and "allocated_bytes.all.current," in text:
         out = _stats_csv(lines[start:end])
     return out
+
+
+def _reserved_alone(content: str) -> dict[str, int] | None:
+    """The reservation printed on a line that prints no allocated memory: a peak printed alone."""
+    if "reserv" not in content.lower():
+        return None
+    m = _RE_RESERVED.search(content)
+    if m is None:
+        return None
+    unit = m.group(3) or m.group(1)
+    if unit is None:
+        value = float(m.group(2))
+        if value < MIN_SIZED_BYTES:
+            return None
+        size = int(value)
+    else:
+        size = parse_size(m.group(2), _SHORT_UNITS.get(unit.upper(), unit))
+    if size < MIN_SIZED_BYTES:
+        return None
+    return {"allocated_bytes": size, "peak_allocated_bytes": size, "peak_only": 1, "reserved": 1}
 
 
 def _stats_csv(lines: Sequence[str]) -> list[dict[str, int]]:
@@ -1445,6 +1473,7 @@ def _may_sample(line: str) -> bool:
         or "Mem" in line
         or "MEM" in line
         or "MA " in line
+        or "eserved" in line
         or any(k in line for k in _INTL_ALLOCATED)
         or any(k in line for k in _INTL_GENERIC)
         or any(k in line for k in _PEAK_ONLY_WORDS)
@@ -1575,7 +1604,7 @@ def _sample_on(content: str) -> dict[str, int] | None:
         return {"allocated_bytes": peak, "peak_allocated_bytes": peak, "peak_only": 1}
     if current is None and (m := _RE_PEAK_ONLY.search(content)) is not None:
         if m.group(1):
-            return None  # the peak of the reservation (or of the device's usage): not live memory
+            return _reserved_alone(content)  # the peak of the reservation (or the device's usage)
         unit = m.group(3)
         value = float(m.group(2))
         if unit is None and value >= MIN_SIZED_BYTES:
@@ -1590,11 +1619,12 @@ def _sample_on(content: str) -> dict[str, int] | None:
     if current is None and (m := _RE_GENERIC_MEM.search(content)) is not None:
         unit = m.group(4) or m.group(2)
         if unit is None or _RE_NOT_LIVE.search(content, max(0, m.start() - 12), m.start()):
-            return None  # a bare number, or the reservation's, the host's or the device's free memory
+            # a bare number, or the reservation's, the host's or the device's free memory
+            return _reserved_alone(content)
         size = parse_size(m.group(3), _SHORT_UNITS.get(unit.upper(), unit))
         return {"allocated_bytes": size, "peak_allocated_bytes": size, "peak_only": 1}
     if current is None:
-        return None
+        return _reserved_alone(content)
     return {"allocated_bytes": current, "peak_allocated_bytes": max(current, peak or 0)}
 
 

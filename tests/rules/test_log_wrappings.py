@@ -52,8 +52,12 @@ def test_allocated_and_reserved_printed_as_a_pair() -> None:
     samples = memory_samples(text)
     assert [s["allocated_bytes"] for s in samples] == [round((10.75 + k) * 1e9) for k in range(5)]
     assert [s["step"] for s in samples] == [0, 50, 100, 150, 200]
-    # a reserved-only figure is not an allocated one
-    assert memory_samples("step 5 mem reserved 16.65 GB\nstep 6 mem reserved 17.1 GB\n") == []
+    # a reserved-only figure is not an allocated one: the reservation, read as a peak printed alone
+    alone = memory_samples("step 5 mem reserved 16.65 GB\nstep 6 mem reserved 17.1 GB\n")
+    assert [(s["allocated_bytes"], s["peak_only"], s["reserved"]) for s in alone] == [
+        (16_650_000_000, 1, 1),
+        (17_100_000_000, 1, 1),
+    ]
 
 
 def test_steady_growth_printed_in_a_json_log_is_a_leak() -> None:
