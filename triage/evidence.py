@@ -35,7 +35,8 @@ _RE_MIG_RESOURCE = re.compile(r"nvidia\.com/mig-(\d{1,2}g\.(\d{1,3})gb(?:\+me)?)
 # the GPU type a job asked for by its GKE accelerator name ("cloud.google.com/gke-accelerator: nvidia-a100-80gb",
 # a launcher's "accelerator=nvidia-h100-80gb"): the names that state their memory (NVIDIA's GB, i.e. GiB)
 _RE_GKE_ACCELERATOR = re.compile(
-    r"accelerator\s{0,2}[=:]\s{0,2}[\"']?(nvidia-(?:tesla-)?[a-z0-9]{2,8}(?:-[a-z]{2,8})?-(\d{2,3})gb)\b",
+    r"(?:accelerator|gpu[-_]?(?:type|class|model|sku))\s{0,2}[=:]\s{0,2}[\"']?"
+    r"((?:nvidia-)?(?:tesla-)?[a-z][a-z0-9]{1,7}(?:-[a-z]{2,8})?-(\d{2,3})gb)\b",
     re.IGNORECASE,
 )
 # the GPU feature discovery label of the node the pod was scheduled to (or selected): its GPUs' memory in
@@ -46,6 +47,27 @@ _RE_GFD_MEMORY = re.compile(r"nvidia\.com/gpu\.memory\s{0,2}[=:]\s{0,2}[\"']?(\d
 _RE_PRODUCT_NAME = re.compile(
     r"\b(?:NVIDIA|Tesla)[ -][A-Z]{1,2}\d{2,3}[\w-]{0,24}?[ -]\d{2,3}GB(?: HBM\d[e]?)?\b"
 )
+# a desktop or workstation GPU's name ("NVIDIA GeForce RTX 3080 Ti", "NVIDIA RTX A4000", "Quadro RTX 6000")
+_RE_DESKTOP_GPU = re.compile(
+    r"\b(?:NVIDIA )?(?:GeForce (?:RTX|GTX) ?\d{3,4}(?: Ti| SUPER)?(?: Laptop GPU)?|TITAN (?:RTX|V|Xp?)"
+    r"|Quadro (?:RTX )?[A-Z]?\d{3,4}|RTX A\d{3,4}(?: Ada)?|RTX \d{4} Ada)\b"
+)
+# an NVIDIA vGPU (GRID) profile: "GRID A100D-20C", "NVIDIA L40S-24Q": a share of a physical GPU, sized by the
+# profile's number (GB, NVIDIA's GiB); the letter is the profile's series (C compute, Q workstation, B, A)
+_RE_GRID_PROFILE = re.compile(r"\b(?:GRID|NVIDIA) ([A-Z]{1,3}\d{1,4}[A-Z]{0,3})-(\d{1,3})([CQAB])\b")
+# a profile the VM or pod asked for ("requested_vgpu_profile=A100D-80C", "vgpu profile requested: GRID A10-24Q")
+_RE_ASKED_VGPU = re.compile(
+    r"request\w{0,4}[ _-]{0,2}(?:vgpu[ _-]{0,2})?profile\s{0,2}[=:]?\s{0,2}['\"]?(?:GRID |NVIDIA )?"
+    r"([A-Z]{1,3}\d{1,4}[A-Z]{0,3})-(\d{1,3})[CQAB]\b",
+    re.IGNORECASE,
+)
+# the memory of the physical GPU behind a vGPU profile's board name (NVIDIA's vGPU user guide's boards)
+GRID_BOARD_GIB = {
+    "A100D": 80, "A100X": 80, "A100": 40, "A800D": 80, "A800": 40, "H100": 80, "H100XM": 80, "H100L": 94,
+    "H800": 80, "H200X": 141, "V100DX": 32, "V100D": 32, "V100S": 32, "V100X": 16, "V100": 16, "T4": 16,
+    "A10": 24, "A16": 16, "A2": 16, "A30": 24, "A40": 48, "L4": 24, "L40": 48, "L40S": 48, "L20": 48,
+    "RTX6000": 24, "RTX8000": 48, "P40": 24, "P100": 16, "P100X": 16, "P4": 8, "P6": 16, "M60": 8, "M10": 8,
+}  # fmt: skip
 # Senders of SIGKILL (exit code 137) other than the OOM killer: a time limit, a failed liveness probe, a
 # preemption, an eviction for disk, a launcher's teardown. Kubernetes reports a memory kill as
 # ``OOMKilled``; ``Reason: Error`` beside exit code 137 is another sender.
@@ -86,6 +108,20 @@ _LOG_LINE_WORDS = (
     "mig",
     "nvidia",
     "tesla",
+    "grid ",
+    "profile",
+    "geforce",
+    "quadro",
+    "titan",
+    "rtx a",
+    "gpu-type",
+    "gpu_type",
+    "gpu-class",
+    "gpu_class",
+    "gpu-model",
+    "gpu_model",
+    "gpu-sku",
+    "gpu_sku",
     "set_per_process_memory_fraction",
 )
 # the job's log showing the cap being set: "set_per_process_memory_fraction(0.70, device=0)", a printed source line
@@ -93,6 +129,13 @@ _RE_FRACTION_CALL = re.compile(
     r"set_per_process_memory_fraction\(\s{0,4}(?:fraction\s{0,2}=\s{0,2})?(0?\.\d{1,6}|1(?:\.0{1,6})?)\b"
 )
 _RE_PY_FILE = re.compile(r"[\w./\\-]{1,300}\.py\b")
+# a serving launcher's own setting that it applies with set_per_process_memory_fraction: TGI's
+# ``--cuda-memory-fraction 0.45`` (echoed in its Args as ``cuda_memory_fraction: 0.45``, or its environment
+# variable ``CUDA_MEMORY_FRACTION``)
+_RE_FRACTION_FLAG = re.compile(
+    r"(?:--cuda-memory-fraction|cuda_memory_fraction|CUDA_MEMORY_FRACTION)(?:\s{1,3}|\s{0,2}[:=]\s{0,2})"
+    r"(0?\.\d{1,6}|1(?:\.0{1,6})?)\b"
+)
 _RE_TRACEBACK_FILE = re.compile(r'File "([^"\n]{1,300}\.py)", line \d')
 
 
@@ -121,6 +164,8 @@ STEP_SWING_SHARE = 0.5
 LATE_RISES = 8  # consecutive rising steps up to the OOM that make a leak, however flat the steps before
 # live memory after a step is exact to the byte: a change smaller than one rounded block is none
 GROWTH_NOISE = 512
+PRINT_NOISE = 0.03  # of a printed reading: its rounding and the step-to-step jitter at one input
+PRINT_NOISE_BYTES = 32 * MiB  # the same, at least ("0.58G" is printed to 10 MB)
 LATE_RISES_LARGE = 5  # fewer consecutive rises up to the OOM make one when they are large: ...
 LATE_LARGE_SHARE = 0.25  # ... together this share of what the job could hold at least
 SERVING_START_FORMATS = frozenset({"vllm-startup", "serving-config"})  # an inference server sizing itself
@@ -168,6 +213,36 @@ def _named_bytes(name: str) -> int | None:
 
 
 _RE_MEM_LIMIT = re.compile(r"^\s*(\d{1,15})\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+
+
+def _grid_profile(ev: Evidence, b: dict[str, Any]) -> None:
+    """An NVIDIA vGPU (GRID) profile in the device's name or the log ("GRID A100D-20C"): the job has the
+    profile's share of the physical GPU behind it, a virtual-GPU limit like a vGPU layer's; a profile the
+    VM or pod asked for is the size it was declared for."""
+    found = _RE_GRID_PROFILE.search(ev.device_name or "")
+    profile = (found.group(0).split(" ", 1)[1], int(found.group(2))) if found else ev.log_vgpu_profile
+    if profile is None or ev.mig_profile is not None:
+        return
+    name, gb = profile
+    board = name.rsplit("-", 1)[0]
+    physical = GRID_BOARD_GIB.get(board)
+    limit = ev.total_bytes or gb * GiB
+    if physical is None or physical * GiB <= limit:
+        return
+    if ev.vgpu_limit_bytes is None:
+        ev.vgpu_limit_bytes = limit
+    ev.named_total_bytes = physical * GiB
+    ev.notes.append(
+        f"The device is the vGPU profile {name} (GRID): {gb} GB of a {physical} GB {board.rstrip('DXSML')}."
+    )
+    asked = ev.log_asked_vgpu
+    if (
+        asked is not None
+        and ev.declared_total_bytes is None
+        and _get(b, "device", "declared_total_bytes") is None
+    ):
+        ev.declared_total_bytes = asked[1] * GiB
+        ev.notes.append(f"The log shows the profile asked for: {asked[0]}-{asked[1]}.")
 
 
 def _vgpu_env_limit(env: Any, device: int | None) -> int | None:
@@ -617,6 +692,8 @@ class Evidence:
     declared_total_bytes: int | None = None
     mig_profile: str | None = None
     log_mig_profile: str | None = None  # the one MIG profile the log text names (nvidia-smi, a device print)
+    log_vgpu_profile: tuple[str, int] | None = None  # the one GRID vGPU profile the log names: (name, GB)
+    log_asked_vgpu: tuple[str, int] | None = None  # the one vGPU profile the log shows asked for: (board, GB)
     log_asked_mig: tuple[str, int] | None = None  # (profile, GB) of the MIG resource the log shows asked for
     log_gpu_label_bytes: int | None = None  # the one nvidia.com/gpu.memory label the log prints (bytes)
     log_asked_gpu: tuple[str, int] | None = None  # the one GKE accelerator the log names: (name, bytes)
@@ -1069,6 +1146,21 @@ def _traced_files(ev: Evidence, texts: Sequence[str]) -> None:
                 ev.traced_files.append(path)
 
 
+def _interpreter_of_job(ev: Evidence, name: str) -> bool:
+    """Whether a process nvidia-smi listed is the job's Python: its interpreter lives in the folder (or that
+    folder's virtual environment) the job's own traced source files are in (``/home/u/ComfyUI/venv/bin/python``
+    beside ``/home/u/ComfyUI/execution.py``)."""
+    path = name.replace("\\", "/")
+    if "/bin/python" not in path or not path.startswith("/"):
+        return False
+    root = path.split("/bin/python", 1)[0]
+    for env in ("/venv", "/.venv", "/env", "/.env"):
+        if root.endswith(env):
+            root = root[: -len(env)]
+            break
+    return root.count("/") >= 2 and any(f.startswith(root + "/") for f in ev.traced_files)
+
+
 def _jobs_own_file(ev: Evidence, path: str) -> bool:
     """Whether ``path`` is one of the job's own source files: one its tracebacks ran through as user code, or
     one in the same folder as those or below it (its launcher beside its worker, its utilities), or one named
@@ -1191,10 +1283,26 @@ def build_evidence(
         for t in texts:
             if "set_per_process_memory_fraction" in t:
                 _fraction_calls(ev, t)
+            if "emory_fraction" in t or "EMORY_FRACTION" in t or "memory-fraction" in t:
+                ev.log_fraction_calls.extend(
+                    (float(m.group(1)), "the server's own memory fraction setting", m.group(0))
+                    for m in _RE_FRACTION_FLAG.finditer(t)
+                )
         ev.host_growth = host_growth("\n".join(texts))
+        grid = {(f"{b}-{gb}{k}", int(gb)) for ln in candidates for b, gb, k in _RE_GRID_PROFILE.findall(ln)}
+        if len(grid) == 1:
+            ev.log_vgpu_profile = grid.pop()
+        asked_vgpu = {(b.upper(), int(gb)) for ln in candidates for b, gb in _RE_ASKED_VGPU.findall(ln)}
+        if len(asked_vgpu) == 1:
+            ev.log_asked_vgpu = asked_vgpu.pop()
         names = {n for ln in candidates for n in _RE_PRODUCT_NAME.findall(ln)}
         if len({_named_bytes(n) for n in names}) == 1:  # products of several sizes named: not decided
             ev.log_device_name = sorted(names)[0]
+        elif not names:
+            # a desktop or workstation GPU, whose name does not state its memory; it has no MIG
+            desk = {n for ln in candidates for n in _RE_DESKTOP_GPU.findall(ln)}
+            if len(desk) == 1:
+                ev.log_device_name = desk.pop()
         from triage.messages import parse_messages
 
         seen: dict[str, int] = {}  # a message's text -> its place in ev.messages
@@ -1446,11 +1554,22 @@ def _device(ev: Evidence) -> None:
         ev.mig_profile = ev.log_mig_profile
         ev.notes.append(f"The log names the device as a MIG slice ({ev.log_mig_profile}).")
     asked = ev.log_asked_mig
-    if asked and ev.mig_profile and ev.declared_total_bytes is None and asked[0] != ev.mig_profile.lower():
-        # the pod asked for one slice and runs on another: what it asked for is what it was sized for
+    if asked and ev.mig_profile and ev.declared_total_bytes is None:
+        # the pod asked for one slice and runs on another: what it asked for is what it was sized for; the one
+        # it asked for is the size it was declared for
         ev.declared_total_bytes = asked[1] * GiB
         ev.notes.append(
             f"The log shows the pod asked for a MIG {asked[0]} slice and it runs on {ev.mig_profile}."
+            if asked[0] != ev.mig_profile.lower()
+            else f"The log shows the pod asked for the MIG {asked[0]} slice it runs on."
+        )
+    if ev.log_asked_gpu and ev.declared_total_bytes is None and ev.mig_profile is None and not asked:
+        # what the job asked for (its node selector) before the label of the node it got: a node labelled
+        # for another GPU than it has is what sent the job there
+        name, size = ev.log_asked_gpu
+        ev.declared_total_bytes = size
+        ev.notes.append(
+            f"The log shows the job asked for {name} GPUs ({human(size)}): the size it was sized for."
         )
     label = ev.log_gpu_label_bytes
     if label and ev.declared_total_bytes is None and ev.mig_profile is None and not asked:
@@ -1459,12 +1578,6 @@ def _device(ev: Evidence) -> None:
         ev.notes.append(
             f"The log shows the node's GPU label nvidia.com/gpu.memory={label // MiB} ({human(label)}): the "
             "size the job was scheduled for."
-        )
-    if ev.log_asked_gpu and ev.declared_total_bytes is None and ev.mig_profile is None and not asked:
-        name, size = ev.log_asked_gpu
-        ev.declared_total_bytes = size
-        ev.notes.append(
-            f"The log shows the job asked for {name} GPUs ({human(size)}): the size it was sized for."
         )
     if not ev.device_name and ev.log_device_name:
         ev.device_name = ev.log_device_name
@@ -1521,6 +1634,7 @@ def _device(ev: Evidence) -> None:
     ev.named_total_bytes = _named_bytes(ev.device_name) if ev.mig_profile is None else None
     if ev.vgpu_limit_bytes is None:
         ev.vgpu_limit_bytes = _vgpu_env_limit(_get(b, "environment"), ev.device)
+    _grid_profile(ev, b)
     named = ev.named_total_bytes
     if ev.vgpu_limit_bytes is None and named and ev.total_bytes and ev.total_bytes < 0.9 * named:
         # the device reports far less than its product has: a layer between (HAMi hooks cuMemGetInfo)
@@ -1795,7 +1909,7 @@ def _processes(ev: Evidence) -> None:
         # nvidia-smi's listing in the log (one GPU's): the job's own rows by pid; printed before the job
         # started, the rest were there before it
         for r in ev.log_smi:
-            own = _worker_of_job(ev, r.pid, r.used_bytes)
+            own = _worker_of_job(ev, r.pid, r.used_bytes) or _interpreter_of_job(ev, r.name)
             ev.processes.append(Process(r.pid, r.used_bytes, own, "nvidia-smi", r.name))
     ev.own_process_identified = any(p.own for p in ev.processes)
     if ev.processes and not ev.own_process_identified and ev.reserved_bytes is not None:
@@ -2081,6 +2195,7 @@ def _growth_with_input(samples: list[dict[str, Any]]) -> tuple[str, int, int] | 
     rises = 0
     key: str | None = None
     first = last = 0
+    run_low = samples[0]["allocated_bytes"] if samples else 0  # the lowest print since the size last grew
     for a, b in itertools.pairwise(samples):
         sa, sb = a.get("sizes"), b.get("sizes")
         if not isinstance(sa, dict) or not isinstance(sb, dict):
@@ -2088,17 +2203,24 @@ def _growth_with_input(samples: list[dict[str, Any]]) -> tuple[str, int, int] | 
         grew = [k for k in sb if k in sa and sb[k] > sa[k]]
         if any(k in sa and sb[k] < sa[k] for k in sb):
             return None
+        # a print's own rounding ("6.72G") moves it by a few percent at the same input
+        noise = max(PRINT_NOISE_BYTES, int(PRINT_NOISE * max(a["allocated_bytes"], b["allocated_bytes"])))
         diff = b["allocated_bytes"] - a["allocated_bytes"]
-        if diff < -GROWTH_NOISE:
-            return None
-        if diff > GROWTH_NOISE:
-            if not grew:
-                return None  # a rise at the same input: something kept
+        if grew and diff > noise:
             rises += 1
             if key is None:
                 key, first = grew[0], sa[grew[0]]
             if grew[0] == key:
                 last = sb[key]
+            run_low = b["allocated_bytes"]
+            continue
+        if grew:
+            run_low = b["allocated_bytes"]
+        elif diff < -noise and b["allocated_bytes"] < run_low - noise:
+            return None  # fell below where this input started: not memory that follows the input
+        elif b["allocated_bytes"] - run_low > noise:
+            return None  # rose at the same input: something kept
+        run_low = min(run_low, b["allocated_bytes"])
     return (key, first, last) if key is not None and rises >= 2 else None
 
 

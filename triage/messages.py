@@ -1793,7 +1793,11 @@ def first_step_bar(text: str, line_no: int | None) -> str | None:
     loop's own lines name step 0 as the one it is in); else None."""
     if line_no is None:
         return None
-    lines, i, _ = _traceback_head(text, line_no)
+    lines, i, stop = _traceback_head(text, line_no)
+    if i <= stop:
+        # no traceback above the message: one printed before its traceback (ComfyUI's "!!! Exception during
+        # processing !!!" line), or with none
+        i = min(line_no, len(lines)) - 1
     before = lines[: max(0, i)]
     if i >= 0 and (head := _RE_TRACEBACK_HEAD.search(lines[i])) and head.start() > 0:
         # the bar the traceback was printed on ("0/9375 [00:00<?, ?it/s]Traceback …")
@@ -1880,7 +1884,8 @@ def size_change_before(
 # a size the loop prints beside its steps ("seq_len=4096", "image_size: 384", "bs=8")
 _RE_SIZE_KEY = re.compile(
     r"(?<![\w.])(seq(?:uence)?_?len(?:gth)?|max_(?:seq_)?len|context_len(?:gth)?|img_?size|image_size|resolution"
-    r"|num_frames|batch_size|micro_batch_size|bs)(?:\s{0,2}[=:]\s{0,2}| )(\d{1,7})(?![\w.])",
+    r"|num_frames|batch_size|micro_batch_size|bs|size|res)(?:\s{0,2}[=:]\s{0,2}| )(\d{1,7})(?![\w.])"
+    r"(?!\s{0,2}(?:[KMGT]i?B|bytes|[KMG]\b))",  # a bare "size" is an input's, not a byte count's
     re.IGNORECASE,
 )
 

@@ -1,0 +1,122 @@
+"""What around the OOM in a log decides it:
+
+- a serving launcher's own memory fraction (TGI's ``--cuda-memory-fraction``) is the job's budget, not a
+  platform's cap;
+- a message printed before its traceback (ComfyUI's "!!! Exception during processing !!!" line): the progress
+  bar above it still tells the first step had not finished;
+- a size printed beside each memory print under a bare ``size`` key (a progressive GAN's resolution), with the
+  print's own rounding as noise: memory that rose only with it is the input's growth, not a leak;
+- nvidia-smi printed after the crash lists the job's Python beside its neighbours: the interpreter in the
+  folder (or its virtual environment) of the job's own traced files is the job.
+
+Message formats follow SNAPSHOT_FORMAT.md §4 and §5; the tools' lines follow their documented output (TGI's
+launcher Args, ComfyUI's execution messages, nvidia-smi 550's table). No tool runs here.
+"""
+
+from __future__ import annotations
+
+from triage.pipeline import diagnose_text
+
+MSG_2_2 = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {req}. GPU 0 has a total capacity of {total} "
+    "of which {free} is free. {procs}{allowed}Of the allocated memory {alloc} is allocated by PyTorch, and {ru} is "
+    "reserved by PyTorch but unallocated.\n"
+)
+
+
+def test_a_servers_own_memory_fraction_is_its_budget() -> None:
+    oom = MSG_2_2.format(
+        req="2.00 GiB",
+        total="79.15 GiB",
+        free="41.60 GiB",
+        procs="Process 71 has 37.51 GiB memory in use. ",
+        allowed="37.20 GiB allowed; ",
+        alloc="36.40 GiB",
+        ru="500.00 MiB",
+    )
+    head = 'INFO text_generation_launcher: Args { model_id: "/data/m", cuda_memory_fraction: 0.47, .. }\n'
+    d, ev = diagnose_text(head + "Warming up model\n" + oom)
+    assert ev.cap_set_by_job is not None
+    assert d.verdict != "gpu_quota", d.headline
+    d2, ev2 = diagnose_text("Warming up model\n" + oom)
+    assert ev2.cap_set_by_job is None and d2.verdict == "gpu_quota", d2.headline
+
+
+def test_a_message_printed_before_its_traceback_keeps_the_bar_above_it() -> None:
+    oom = MSG_2_2.format(
+        req="9.80 GiB",
+        total="11.76 GiB",
+        free="3.70 GiB",
+        procs="Including non-PyTorch memory, this process has 8.04 GiB memory in use. ",
+        allowed="",
+        alloc="7.21 GiB",
+        ru="310.00 MiB",
+    )
+    text = (
+        "got prompt\nRequested to load SDXL\n  0%|          | 0/25 [00:00<?, ?it/s]\n"
+        "!!! Exception during processing !!! " + oom + "Traceback (most recent call last):\n"
+        '  File "/srv/ui/execution.py", line 310, in execute\n    output = run(node)\n'
+        "torch.OutOfMemoryError: " + oom.split(": ", 1)[1]
+    )
+    d, ev = diagnose_text(text)
+    assert ev.first_step_bar == "0/25"
+    assert d.verdict == "workload_too_large", d.headline
+
+
+def _stages(last_oom: str) -> str:
+    lines = []
+    level = {8: 0.41, 16: 0.58, 32: 0.97, 64: 1.9, 128: 3.04, 256: 6.71}
+    jitter = [0.0, 0.02, -0.01, 0.01, 0.0, 0.02]
+    for size, base in level.items():
+        for k in range(6):
+            step = (len(lines) + 1) * 5000
+            lines.append(f"[mem] step {step} size {size} batch 16 allocated {base + jitter[k]:.2f}G\n")
+    return "".join(lines) + last_oom
+
+
+def test_memory_that_rose_only_with_a_printed_size_is_the_input_not_a_leak() -> None:
+    oom = (
+        "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB (GPU 0; 10.92 GiB total "
+        "capacity; 10.01 GiB already allocated; 220.00 MiB free; 10.09 GiB reserved in total by PyTorch)\n"
+    )
+    d, ev = diagnose_text(_stages("size 256 -> 512\n" + oom))
+    assert ev.growth_with_input is not None and ev.growth_with_input[0] == "size"
+    assert d.verdict != "tensor_leak", d.headline
+
+
+def test_a_byte_count_under_a_size_key_is_no_input_size() -> None:
+    from triage.messages import _RE_SIZE_KEY
+
+    assert [m.group(2) for m in _RE_SIZE_KEY.finditer("size 256 cache size 3 GiB size=12M res 512")] == [
+        "256",
+        "512",
+    ]
+
+
+def test_the_jobs_python_in_a_listing_printed_after_the_crash() -> None:
+    oom = MSG_2_2.format(
+        req="640.00 MiB",
+        total="9.78 GiB",
+        free="14.00 MiB",
+        procs="",  # NVML listed nothing to torch (as in a container)
+        allowed="",
+        alloc="6.30 GiB",
+        ru="0 bytes",
+    )
+    smi = (
+        "|    0   N/A  N/A      1874      G   /usr/lib/xorg/Xorg                            412MiB |\n"
+        "|    0   N/A  N/A     14120    C+G   /opt/render/bin/render                       2821MiB |\n"
+        "|    0   N/A  N/A     20918      C   /home/ana/studio/venv/bin/python              166MiB |\n"
+    )
+    trace = (
+        "Traceback (most recent call last):\n"
+        '  File "/home/ana/studio/execution.py", line 88, in run\n    out = model(x)\n'
+    )
+    d, ev = diagnose_text(trace + oom + "after the crash:\n" + smi)
+    own = [p for p in ev.processes if p.own]
+    assert [p.pid for p in own] == [20918]
+    assert {p.pid for p in ev.processes if not p.own} == {1874, 14120}
+    assert d.verdict == "other_process", d.headline
+    # the same listing without the job's source in the log: no line is known to be the job's, none a neighbour
+    _, ev2 = diagnose_text(oom + "after the crash:\n" + smi)
+    assert not ev2.processes
