@@ -139,12 +139,46 @@ def _buffer(ev: Evidence) -> tuple[int, int, int] | None:
     return size, fill_batch, level - size
 
 
+def _batch_fit(ev: Evidence) -> tuple[int, float, int, int] | None:
+    """(fixed, per sample, smaller, larger batch size) from the peaks of completed steps run at two batch sizes
+    (a batch-size sweep, a ramp): each step's peak is fixed memory plus per-sample memory times its batch, so
+    two sizes give both. The two largest sizes run are used (the nearest to the failing one); a per-sample
+    cost that is not positive, or fixed memory below nothing, is no fit."""
+    peaks: dict[int, int] = dict(ev.log_batch_peaks)
+    for st in ev.steps:
+        if st.batch_size and st.batch_size > 0:
+            peaks[st.batch_size] = max(peaks.get(st.batch_size, 0), st.peak_allocated_bytes)
+    if len(peaks) < 2:
+        return None
+    b1, b2 = sorted(peaks)[-2:]
+    per_sample = (peaks[b2] - peaks[b1]) / (b2 - b1)
+    fixed = int(peaks[b1] - b1 * per_sample)
+    if per_sample <= 0 or fixed < 0:
+        return None
+    return fixed, per_sample, b1, b2
+
+
 def estimate_max_batch(ev: Evidence) -> tuple[int | None, dict[str, Any]]:
     info: dict[str, Any] = {}
     batch = ev.batch_size
     usable = usable_bytes(ev)
     if not batch or batch <= 0 or usable is None:
         return None, info
+    fit = _batch_fit(ev)
+    if fit is not None and batch > fit[3]:
+        fixed_fit, per, b1, b2 = fit
+        est = math.floor((usable - fixed_fit) / per)
+        if ev.is_cuda_oom:
+            est = min(est, batch - 1)
+        info.update(
+            {
+                "source": f"completed steps at batch sizes {b1} and {b2}",
+                "fixed_bytes": fixed_fit,
+                "per_sample_bytes": int(per),
+                "usable_bytes": usable,
+            }
+        )
+        return max(0, est), info
     fixed: int | None = None
     per_sample: float | None = None
     steps = _completed_steps(ev)

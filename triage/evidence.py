@@ -786,6 +786,9 @@ class Evidence:
     )
     # (what, from, to): the log says the input grew just before the OOM, after steps at the smaller size
     log_size_change: tuple[str, int, int] | None = None
+    log_batch_peaks: dict[int, int] = field(
+        default_factory=dict
+    )  # batch size -> highest peak printed beside it
     # live memory rose only where a size printed beside it grew: (what, first, last) (``_growth_with_input``)
     growth_with_input: tuple[str, int, int] | None = None
     root_rank: int | None = None  # torchrun's "Root Cause (first observed failure)" rank
@@ -1146,6 +1149,18 @@ def _traced_files(ev: Evidence, texts: Sequence[str]) -> None:
                 ev.traced_files.append(path)
 
 
+def _smi_rows_of_device(ev: Evidence, m: Any) -> list[Any]:
+    """The rows of the log's nvidia-smi listing that are the failing GPU's: all of them when it lists one GPU;
+    of several, those of the GPU the OOM message names."""
+    gpus = {r.gpu for r in ev.log_smi}
+    if len(gpus) == 1:
+        return list(ev.log_smi)
+    dev = m.device_index if m is not None else None
+    if dev is None or dev not in gpus:
+        return []
+    return [r for r in ev.log_smi if r.gpu == dev]
+
+
 def _interpreter_of_job(ev: Evidence, name: str) -> bool:
     """Whether a process nvidia-smi listed is the job's Python: its interpreter lives in the folder (or that
     folder's virtual environment) the job's own traced source files are in (``/home/u/ComfyUI/venv/bin/python``
@@ -1334,6 +1349,14 @@ def build_evidence(
             from triage.messages import size_change_before
 
             ev.log_size_change = size_change_before(text, ev.message.line_no, ev.message.rank)
+            if (
+                ev.log_size_change is not None
+                and batch_size is None
+                and _get(b, "workload", "batch_size") is None
+            ):
+                what, _, new_size = ev.log_size_change
+                if what.lower().replace("_", " ") in {k.replace("_", " ") for k in _BATCH_KEYS}:
+                    batch_size = new_size  # the failing step ran at the batch size the log changed it to
         from triage.messages import bus_error_frame, progress_before, smi_gpu_usage, smi_listing
 
         ev.bus_error_frame = bus_error_frame(text)
@@ -1905,10 +1928,10 @@ def _processes(ev: Evidence) -> None:
         for pu in m.processes:
             own = pu.this_process or _worker_of_job(ev, pu.pid, pu.used_bytes)
             ev.processes.append(Process(pu.pid, pu.used_bytes, own, "message"))
-    elif len({r.gpu for r in ev.log_smi}) == 1:
-        # nvidia-smi's listing in the log (one GPU's): the job's own rows by pid; printed before the job
-        # started, the rest were there before it
-        for r in ev.log_smi:
+    elif rows := _smi_rows_of_device(ev, m):
+        # nvidia-smi's listing in the log (one GPU's, or the failing GPU's rows of several): the job's own rows
+        # by pid; printed before the job started, the rest were there before it
+        for r in rows:
             own = _worker_of_job(ev, r.pid, r.used_bytes) or _interpreter_of_job(ev, r.name)
             ev.processes.append(Process(r.pid, r.used_bytes, own, "nvidia-smi", r.name))
     ev.own_process_identified = any(p.own for p in ev.processes)
@@ -2156,6 +2179,13 @@ def _log_samples(ev: Evidence, text: str, from_log: set[int]) -> None:
     peaks_only = bool(samples) and not floors
     if floors and not other_ranks:
         ev.log_floor_bytes = min(floors)
+    if not other_ranks:
+        for s in samples:
+            sizes = s.get("sizes")
+            b = _printed_batch(sizes) if isinstance(sizes, dict) else None
+            if b:
+                s["batch_size"] = b
+                ev.log_batch_peaks[b] = max(ev.log_batch_peaks.get(b, 0), s["peak_allocated_bytes"])
     if len(samples) < (MIN_PEAK_SAMPLES if peaks_only else MIN_LOG_SAMPLES) or ev.setup_call is not None:
         # (printed while the model was still being set up: each sample is a loaded shard, not a step)
         return
@@ -2173,6 +2203,14 @@ def _log_samples(ev: Evidence, text: str, from_log: set[int]) -> None:
             f"{human(ev.steps[-1].allocated_bytes)})"
             + (f", printed by other ranks than the failing rank {m.rank}." if other_ranks and m else ".")
         )
+
+
+_BATCH_KEYS = ("batch_size", "bs", "micro_batch_size", "batch size", "micro batch")
+
+
+def _printed_batch(sizes: dict[str, Any]) -> int | None:
+    """The batch size a loop printed beside a memory reading (``bs=16``, ``batch_size: 32``)."""
+    return next((int(sizes[k]) for k in _BATCH_KEYS if sizes.get(k)), None)
 
 
 def _reservation_read(ev: Evidence, samples: list[dict[str, Any]]) -> list[dict[str, Any]]:

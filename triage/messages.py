@@ -1159,7 +1159,8 @@ _FILLABLE = tuple(
 # A line that shows training going on: "step 120 | loss …", "Epoch 3/10", "iter: 40", the Hugging Face
 # Trainer's "{'loss': 0.52, …}", a tqdm bar ("450/1000 [02:10<…").
 _RE_PROGRESS = re.compile(
-    r"(?<![\w])(?:global_step|step|iter(?:ation)?|epoch)(?![\w])['\"]?\s{0,3}[:=#]?\s{0,3}\[?\d"
+    # (not a count per epoch a banner states: "Num batches each epoch = 2", "steps per epoch: 500")
+    r"(?<![\w])(?<!each )(?<!per )(?:global_step|step|iter(?:ation)?|epoch)(?![\w])['\"]?\s{0,3}[:=#]?\s{0,3}\[?\d"
     r"|'loss': ?-?\d|(?<![\w/])\d{1,9}/\d{1,9} \[\d",
     re.IGNORECASE,
 )
@@ -1272,6 +1273,15 @@ _RE_BARE_PEAK = re.compile(
     re.IGNORECASE,
 )
 _DS_TIMER_KEYS = frozenset({"MemAllocated", "MaxMemAllocated"})
+# an allocated key followed by one reading per device: "memory_allocated cuda:0 9.49G cuda:1 3.28G"
+_RE_PER_DEVICE = re.compile(
+    r"(?:(?<=alloc )|(?<=allocated )|(?<=allocated: )|(?<=alloc: )|(?<=G )|(?<=B )|(?<=M )|(?<=, ))"
+    r"cuda:\d{1,2}\s{0,2}[:=]?\s{0,2}(\d{1,9}(?:\.\d{1,6})?)\s{0,2}(GiB|MiB|GB|MB|G|M)(?![\w])"
+)
+# OpenMMLab's training log line (mmcv's "Epoch [1][50/7330] … memory: 3800", mmengine's "Epoch(train) [1][50/2931]
+# … memory: 19332" or "Iter(train) [500/90000]"): its memory is a unitless MiB count
+_RE_MM_ITER = re.compile(r"(?<![\w])(?:Epoch|Iter)(?:\((?:train|val|test)\))?\s{0,3}\[\d{1,7}\]")
+_RE_MM_MEMORY = re.compile(r"(?<![\w])memory: (\d{1,7})(?![\w.])")
 # the word in front, apart from the key: Megatron's "| max allocated: 53440.1 |", "peak allocated 31.2 GiB"
 _RE_PEAK_BEFORE = re.compile(r"(?<![\w])(?:max|peak)[ _-]{1,2}$", re.IGNORECASE)
 _RE_STEP_NO = re.compile(
@@ -1612,6 +1622,16 @@ def _sample_on(content: str) -> dict[str, int] | None:
         else:  # unitless and small: MiB, as torchvision's MetricLogger prints it
             size = parse_size(m.group(2), _SHORT_UNITS.get((unit or "M").upper(), unit or "MiB"))
         return {"allocated_bytes": size, "peak_allocated_bytes": size, "peak_only": 1}
+    if current is None and "memory: " in content and _RE_MM_ITER.search(content):
+        mm = _RE_MM_MEMORY.search(content)
+        if mm is not None:
+            # OpenMMLab's logger: torch.cuda.max_memory_allocated() in MiB, its peak reset every log interval
+            size = int(mm.group(1)) * MiB
+            return {"allocated_bytes": size, "peak_allocated_bytes": size, "peak_only": 1}
+    if current is None and "cuda:" in content and (each := _RE_PER_DEVICE.findall(content)):
+        # one reading per device on the line ("memory_allocated cuda:0 9.49G cuda:1 3.28G"): the fullest
+        # device's, the one nearest its limit (DataParallel gathers on its first)
+        current = max(parse_size(v, _SHORT_UNITS.get(u.upper(), u)) for v, u in each)
     if current is None and (m := _RE_ALLOC_PAIR.search(content)) is not None:
         current = parse_size(m.group(1), _SHORT_UNITS.get(m.group(2).upper(), m.group(2)))
     if current is None and (m := _RE_SIZE_ALLOCATED.search(content)) is not None:
@@ -1704,11 +1724,15 @@ _RE_LOADING = re.compile(
 # generation, hub downloads (a finished one says nothing about the first training step)
 _RE_DATA_BAR = re.compile(
     r"(?<![\w])(?:Running tokenizer|Tokeniz(?:ing|e)|Map(?: \(num_proc=\d{1,4}\))?:|Filter(?: \(num_proc=\d{1,4}\))?:"
-    r"|Generating \w{1,20} split|Resolving data files|Grouping texts|Packing|Preprocessing)",
+    r"|Generating \w{1,20} split|Resolving data files|Grouping texts|Packing|Preprocessing"
+    r"|Scanning|Caching images|Extracting|Indexing|Building (?:the )?(?:dataset|index|vocab)"
+    r"|Sanity Checking)",  # (Lightning's validation batches before training: run without gradients, freed)
     re.I,
 )
 # the HF Trainer's banner as training begins: bars before it were the setup's
-_RE_TRAINING_BANNER = re.compile(r"\*{3,} Running training \*{3,}")
+_RE_TRAINING_BANNER = re.compile(
+    r"\*{3,} Running training \*{3,}|Starting training for \d{1,6} epochs|^\s{0,8}Epoch\s{1,8}GPU_mem\s"
+)  # (the HF Trainer's, Ultralytics' line and its table header)
 _SETUP_LOOKBACK = 400  # lines above an OOM searched for its traceback
 _PIN_LOOKBACK = 6  # lines above a CUDA error searched for the pinning frame it was raised in
 _SEMAPHORE_LOOKBACK = 12  # lines above an ENOSPC searched for the semaphore its traceback was creating

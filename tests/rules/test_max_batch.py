@@ -228,3 +228,33 @@ def test_the_diagnosis_says_whether_the_number_is_a_ceiling() -> None:
         "source": "10 completed steps (bounded buffer counted per sample)",
     }
     assert max_batch_text(d) == "15"
+
+
+def test_completed_steps_at_two_batch_sizes_give_fixed_and_per_sample_memory() -> None:
+    """A ramp from batch 8 to 12, then 16 fails: peaks 14 GiB at 8 and 18 GiB at 12 are 6 GiB fixed and 1 GiB a
+    sample; 30 GiB usable → 24, capped below the failing 16. Below the larger size run, no fit is used."""
+    samples = [
+        {"step": k, "allocated_bytes": 6 * GiB, "peak_allocated_bytes": (14 if k < 5 else 18) * GiB,
+         "batch_size": 8 if k < 5 else 12}
+        for k in range(10)
+    ]  # fmt: skip
+    ev = Evidence(
+        kind="cuda_oom",
+        total_bytes=32 * GiB,
+        reserved_bytes=29 * GiB,
+        allocated_bytes=29 * GiB,
+        device_free_bytes=GiB,
+        request_bytes=2 * GiB,
+        batch_size=16,
+        step=10,
+        steps=_step_samples(samples),
+        trend=_trend(samples),
+    )
+    est, info = workload_too_large.estimate_max_batch(ev)
+    assert info["source"] == "completed steps at batch sizes 8 and 12"
+    assert info["fixed_bytes"] == 6 * GiB and info["per_sample_bytes"] == GiB
+    assert est == 15
+    ev.kind = "none"
+    assert workload_too_large.estimate_max_batch(ev)[0] == 24
+    ev.batch_size = 12  # not beyond the sizes run: the fit says nothing new
+    assert "batch sizes" not in workload_too_large.estimate_max_batch(ev)[1].get("source", "")
