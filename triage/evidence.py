@@ -8,6 +8,7 @@ device, NVML processes, own pids, fraction cap, MIG profile, batch size, step, p
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -2186,7 +2187,12 @@ def _log_samples(ev: Evidence, text: str, from_log: set[int]) -> None:
             if b:
                 s["batch_size"] = b
                 ev.log_batch_peaks[b] = max(ev.log_batch_peaks.get(b, 0), s["peak_allocated_bytes"])
-    if len(samples) < (MIN_PEAK_SAMPLES if peaks_only else MIN_LOG_SAMPLES) or ev.setup_call is not None:
+    tops = [s["peak_allocated_bytes"] for s in samples]
+    # peaks printed alone that stayed flat say the steps did not grow as well as live memory's prints do; a rise
+    # takes a longer run (a peak never reset rises whenever a larger input comes)
+    flat_peaks = bool(tops) and max(tops) - min(tops) <= PRINT_NOISE * max(tops)
+    needed = MIN_PEAK_SAMPLES if peaks_only and not flat_peaks else MIN_LOG_SAMPLES
+    if len(samples) < needed or ev.setup_call is not None:
         # (printed while the model was still being set up: each sample is a loaded shard, not a step)
         return
     ev.log_peaks_only = peaks_only
@@ -2439,11 +2445,12 @@ def _survivors(ev: Evidence) -> None:
         tl = by_dev.get(dev)
         if tl is None or not tl.levels:
             continue
-        idx = st.alloc_indices
         swing = swings.get(dev)
         if swing is None:
             swing = swings[dev] = _step_swing(tl)
         call_of = _model_calls(ev, tl)
+        st = _without_failing_call(ev, tl, call_of, st)
+        idx = st.alloc_indices
         order = orders.get(dev)
         if order is None:
             order = orders[dev] = sorted(call_of)
@@ -2496,6 +2503,52 @@ def _survivors(ev: Evidence) -> None:
             sv.replacing = _replacing(tl, firsts, older)
         ev.survivors.append(sv)
     ev.survivors.sort(key=lambda s: (-s.cycles, -s.stats.bytes))
+
+
+def _without_failing_call(
+    ev: Evidence, tl: DeviceTimeline, call_of: dict[int, CallId], st: SiteStats
+) -> SiteStats:
+    """The site's live blocks less those the forward pass under way at the OOM made (the failing call of the
+    model: the OOM's own stack runs through it), when the site also kept blocks from earlier calls. Those are
+    the failing pass's activations, alive because it had not finished: what the site kept is the rest."""
+    oom = ev.oom_entry
+    if oom is None or (ev.device is not None and ev.device != tl.device):
+        return st
+    failing: CallId | None = None
+    if oom.frames:
+        key = model_call(ev.classifier, oom.frames)
+        if key is None:
+            return st
+        failing = max((c for c in call_of.values() if c[0] == key), key=lambda c: c[1], default=None)
+    elif tl.alloc_indices:
+        # an OOM recorded without its stack: the call the last allocation before it was made in, if any
+        failing = call_of.get(tl.alloc_indices[-1])
+    # under way at the OOM: the last allocation before it was made in that call (not a next batch copied in)
+    if failing is None or not tl.alloc_indices or call_of.get(tl.alloc_indices[-1]) != failing:
+        return st
+    now = [i for i in st.alloc_indices if call_of.get(i) == failing]
+    rest = [i for i in st.alloc_indices if call_of.get(i) != failing]
+    if not now or len(rest) < 2:
+        return st
+    raw = tl.raw
+    sizes = dict(st.sizes)
+    gone = 0
+    for i in now:
+        size = int(raw[i].get("size") or 0)
+        gone += size
+        if sizes.get(size):
+            sizes[size] -= 1
+            if not sizes[size]:
+                del sizes[size]
+    return dataclasses.replace(
+        st,
+        bytes=max(0, st.bytes - gone),
+        count=st.count - len(now),
+        traced=st.traced - len(now),
+        sizes=sizes,
+        alloc_indices=rest,
+        last_index=rest[-1],
+    )
 
 
 ACCUMULATING_SHARE = 0.25  # of live memory: a site that keeps adding this much is a story of its own

@@ -1278,6 +1278,10 @@ _RE_PER_DEVICE = re.compile(
     r"(?:(?<=alloc )|(?<=allocated )|(?<=allocated: )|(?<=alloc: )|(?<=G )|(?<=B )|(?<=M )|(?<=, ))"
     r"cuda:\d{1,2}\s{0,2}[:=]?\s{0,2}(\d{1,9}(?:\.\d{1,6})?)\s{0,2}(GiB|MiB|GB|MB|G|M)(?![\w])"
 )
+_RE_WEBUI_PEAK = re.compile(
+    r"(?<![\w])A: (\d{1,4}(?:\.\d{1,3})?) ?GB, R: \d{1,4}(?:\.\d{1,3})? ?GB"
+    r"|Torch active/reserved: (\d{1,7})/\d{1,7} MiB"
+)
 # OpenMMLab's training log line (mmcv's "Epoch [1][50/7330] … memory: 3800", mmengine's "Epoch(train) [1][50/2931]
 # … memory: 19332" or "Iter(train) [500/90000]"): its memory is a unitless MiB count
 _RE_MM_ITER = re.compile(r"(?<![\w])(?:Epoch|Iter)(?:\((?:train|val|test)\))?\s{0,3}\[\d{1,7}\]")
@@ -1483,6 +1487,7 @@ def _may_sample(line: str) -> bool:
         or "Mem" in line
         or "MEM" in line
         or "MA " in line
+        or "A: " in line
         or "eserved" in line
         or any(k in line for k in _INTL_ALLOCATED)
         or any(k in line for k in _INTL_GENERIC)
@@ -1622,6 +1627,13 @@ def _sample_on(content: str) -> dict[str, int] | None:
         else:  # unitless and small: MiB, as torchvision's MetricLogger prints it
             size = parse_size(m.group(2), _SHORT_UNITS.get((unit or "M").upper(), unit or "MiB"))
         return {"allocated_bytes": size, "peak_allocated_bytes": size, "peak_only": 1}
+    if current is None and ("A: " in content or "active/reserved" in content):
+        ui = _RE_WEBUI_PEAK.search(content)
+        if ui is not None:
+            # Stable Diffusion web UI's memory monitor: each generation's peak of active memory (its peaks are
+            # reset as a generation starts), "A: 3.41 GB, R: 4.02 GB" (GiB) or "Torch active/reserved: 4057/4612 MiB"
+            size = parse_size(ui.group(1), "GiB") if ui.group(1) else int(ui.group(2)) * MiB
+            return {"allocated_bytes": size, "peak_allocated_bytes": size, "peak_only": 1}
     if current is None and "memory: " in content and _RE_MM_ITER.search(content):
         mm = _RE_MM_MEMORY.search(content)
         if mm is not None:

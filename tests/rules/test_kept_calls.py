@@ -245,9 +245,10 @@ OBS = [line(123, "collect_rollout"), *MAIN]  # `obs = torch.as_tensor(obs, devic
 
 
 def replay_buffer(updates: int) -> tuple[dict[str, Any], list[int]]:
-    """Each update collects two policy outputs with their graphs (8 saved 32 MiB activations each) and
-    their observations into a buffer that is never emptied, then trains on a batch (a 4 GiB forward and
-    backward, all freed). Returns the raw snapshot and the trace index where each update began."""
+    """Each update collects two policy outputs (64 MiB, made by the policy's head) with their graphs (8 saved
+    32 MiB activations each) and their observations into a buffer that is never emptied, then trains on a
+    batch (a 4 GiB forward and backward, all freed). Returns the raw snapshot and the trace index where each
+    update began."""
     t = Trace(0)
     weights(t)
     starts = []
@@ -256,6 +257,7 @@ def replay_buffer(updates: int) -> tuple[dict[str, Any], list[int]]:
         for _ in range(2):
             t.alloc(16 * MiB, OBS)
             forward(t, ROLL_CALL, 32 * MiB)
+            t.alloc(64 * MiB, under(ROLL_CALL, 40))  # the output, kept with its graph
         backward(t, forward(t, TRAIN_CALL, 512 * MiB))
     forward(t, TRAIN_CALL, 512 * MiB)[:0]
     return oom(t, TRAIN_CALL), starts
@@ -280,7 +282,7 @@ def test_the_steps_prove_the_leak_and_the_kept_calls_name_it() -> None:
     updates = 8
     raw, starts = replay_buffer(updates)
     raw["device_traces"][0] = raw["device_traces"][0][starts[-1] :]
-    per_update = 2 * (16 + 8 * 32) * MiB
+    per_update = 2 * (16 + 8 * 32 + 64) * MiB
     base = 2048 * MiB
     timeline = [
         {
@@ -541,3 +543,40 @@ def test_calls_that_hold_only_one_inner_lines_blocks_name_that_line() -> None:
     d, _ = diagnose_snapshot(normalise(kept_inside_the_model(16)))
     assert d.verdict == "tensor_leak"
     assert d.leak_site == TRAIN_CALL
+
+
+def _small_keep_then_a_longer_pass(*, kept_each: int, failing_layers: int) -> dict[str, Any]:
+    """Eight training steps, each keeping one ``kept_each`` block made at the layers' line (a per-step
+    tensor the model keeps), then a much longer batch whose forward fails at its ``failing_layers``-th
+    512 MiB layer: those layers' saved activations are alive because the pass had not finished."""
+    t = Trace(0)
+    weights(t)
+    for _ in range(8):
+        saved = forward(t, TRAIN_CALL, 64 * MiB)
+        t.alloc(kept_each, under(TRAIN_CALL, 30))
+        backward(t, saved)
+    for _ in range(failing_layers):
+        t.alloc(512 * MiB, under(TRAIN_CALL, 30))
+    return oom(t, TRAIN_CALL)
+
+
+def test_the_failing_pass_is_not_part_of_what_a_site_kept() -> None:
+    """The layers' line kept 8 × 16 MiB over eight steps; the failing pass holds 12 × 512 MiB there. What the
+    site kept across steps is the 128 MiB (it was read as 6.1 GiB kept over nine steps): too small to have
+    decided an OOM of a pass this size."""
+    d, ev = diagnose_snapshot(
+        normalise(_small_keep_then_a_longer_pass(kept_each=16 * MiB, failing_layers=12))
+    )
+    site = next(s for s in ev.survivors if s.site.line == 30)
+    assert site.stats.bytes == 8 * 16 * MiB and site.stats.count == 8
+    assert site.cycles == 7
+    assert d.verdict != "tensor_leak", d.headline
+
+
+def test_a_site_that_kept_much_is_still_a_leak_beside_the_failing_pass() -> None:
+    d, ev = diagnose_snapshot(
+        normalise(_small_keep_then_a_longer_pass(kept_each=768 * MiB, failing_layers=2))
+    )
+    site = next(s for s in ev.survivors if s.site.line == 30)
+    assert site.stats.bytes == 8 * 768 * MiB
+    assert d.verdict == "tensor_leak" and d.leak_site is not None and d.leak_site["line"] == 30

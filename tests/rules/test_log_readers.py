@@ -119,3 +119,30 @@ def test_peaks_at_two_batch_sizes_give_the_largest_batch() -> None:
     assert d.verdict == "workload_too_large"
     assert d.max_batch_size == 38
     assert d.details["max_batch_size"]["source"] == "completed steps at batch sizes 16 and 24"
+
+
+def test_the_web_uis_memory_monitor_is_a_peak_per_generation() -> None:
+    assert _sample_on("Time taken: 9.0 sec.  A: 3.41 GB, R: 4.02 GB, Sys: 5.5/8 GB (68.8%)") == {
+        "allocated_bytes": round(3.41 * (1 << 30)),
+        "peak_allocated_bytes": round(3.41 * (1 << 30)),
+        "peak_only": 1,
+    }
+    old = _sample_on("Torch active/reserved: 8159/8591 MiB, Sys VRAM: 9061/11019 MiB (82.23%)")
+    assert old is not None and old["allocated_bytes"] == 8159 << 20
+
+
+def test_a_few_flat_peaks_are_enough_to_say_the_steps_did_not_grow() -> None:
+    """Five generations peaking at 3.41 GiB, then a pass that asks for 6.33 GiB beside 3.39 GiB held: flat
+    peaks read after four prints (a rise takes eight: a peak never reset rises with every larger input)."""
+    gens = "".join("Time taken: 8.1 sec.  A: 3.41 GB, R: 4.02 GB, Sys: 5.5/8 GB (68.8%)\n" for _ in range(5))
+    oom = PRE_2_1.format(
+        req="6.33 GiB", gpu=0, total="8.00 GiB", alloc="3.39 GiB", free="2.61 GiB", res="3.62 GiB"
+    )
+    d, ev = diagnose_text(gens + TRACE + oom)
+    assert ev.trend is not None and ev.log_peaks_only
+    assert d.verdict == "workload_too_large", d.headline
+    rising = "".join(
+        f"Time taken: 8.1 sec.  A: {3.0 + 0.4 * k:.2f} GB, R: 9.0 GB, Sys: 9/11 GB\n" for k in range(5)
+    )
+    _, ev2 = diagnose_text(rising + TRACE + oom)
+    assert ev2.trend is None
