@@ -93,6 +93,12 @@ def evaluate(ev: Evidence) -> Finding | None:
                 f"nvidia-smi showed other processes holding {human(other_bytes)} on the GPU before the job showed "
                 f"any progress: {names}. They were there before it."
             )
+        elif ev.log_smi_after_exit:
+            f.facts.append(
+                f"nvidia-smi, run from the shell after the job had exited, showed other processes holding "
+                f"{human(other_bytes)} on the GPU: {names}. The job's own process was gone; they were most likely "
+                "there when it failed."
+            )
         elif ev.own_absent:
             f.facts.append(
                 f"Processes hold {human(other_bytes)} on the GPU: {names}. The job's process had not initialised "

@@ -777,6 +777,7 @@ class Evidence:
     bus_error_frame: tuple[str, int, str] | None = None
     log_smi: list[SmiProcess] = field(default_factory=list)  # the last process listing nvidia-smi printed
     log_smi_before_start: bool = False  # ... printed before the job showed any progress or failed
+    log_smi_after_exit: bool = False  # ... run from a shell prompt after the job's traceback: it had exited
     # the OOM's GPU's memory in use as nvidia-smi printed it before the job showed any progress, with no
     # process listed (in a container nvidia-smi cannot list the host's processes)
     log_smi_gpu: SmiGpu | None = None
@@ -806,7 +807,9 @@ class Evidence:
     def others_known(self) -> bool:
         """Which listed processes are others' is known: the job's own line is identified, or the job is known
         not to be listed (an nvidia-smi listing printed before it started, CUDA never initialised in it)."""
-        return self.own_process_identified or self.log_smi_before_start or self.own_absent
+        return (
+            self.own_process_identified or self.log_smi_before_start or self.own_absent or self.log_smi_after_exit
+        )
 
     @property
     def has_trace(self) -> bool:
@@ -1372,6 +1375,11 @@ def build_evidence(
         if ev.log_smi:
             first = ev.log_smi[0].line_no
             ev.log_smi_before_start = first < (ev.message.line_no or 0) and not progress_before(text, first)
+            at = ev.message.line_no or 0
+            if first > at:
+                # run from a shell prompt after the traceback: the job's process had exited
+                between = text.split("\n")[at : first - 1]
+                ev.log_smi_after_exit = any(_RE_PROMPT_SMI.match(ln) for ln in between)
         else:
             gpus = smi_gpu_usage(text)
             dev = ev.message.device_index
@@ -1989,12 +1997,18 @@ def _processes(ev: Evidence) -> None:
         bound = ev.reserved_bytes + CUDA_CONTEXT_MAX
         ev.processes = [p for p in ev.processes if p.source != "nvidia-smi" or p.used_bytes > bound]
         smi = [p for p in ev.processes if p.source == "nvidia-smi"]
-    if smi and not ev.own_process_identified and not ev.log_smi_before_start:
+    if smi and not ev.own_process_identified and not ev.log_smi_before_start and not ev.log_smi_after_exit:
         # printed while the job ran or after it failed, the listing holds the job's own process too: with no
         # line known to be the job's, none is known to be a neighbour's
         ev.processes = [p for p in ev.processes if p.source != "nvidia-smi"]
     elif smi:
-        when = "before the job showed any progress" if ev.log_smi_before_start else "in the log"
+        when = (
+            "before the job showed any progress"
+            if ev.log_smi_before_start
+            else "from the shell after the job had exited"
+            if ev.log_smi_after_exit and not ev.own_process_identified
+            else "in the log"
+        )
         ev.notes.append(
             f"nvidia-smi listed {len(smi)} process(es) on the GPU {when} (line {ev.log_smi[0].line_no}): "
             + ", ".join(
@@ -2033,6 +2047,8 @@ def _processes(ev: Evidence) -> None:
     ev.other_process_bytes = sum(p.used_bytes for p in ev.processes if not p.own)
 
 
+# nvidia-smi run at a shell prompt ("$ nvidia-smi", "user@host:~$ nvidia-smi", "# nvidia-smi -q")
+_RE_PROMPT_SMI = re.compile(r"^\s{0,4}(?:\(\S{1,40}\) )?(?:[\w@.:~/-]{1,80})?[$#] {1,3}(?:sudo )?nvidia-smi\b")
 # Triton's own log lines (its glog prefix names its source files) or its backend API
 _RE_TRITON_LOG = re.compile(r"TRITONBACKEND_|(?:tritonserver|pb_stub|python_be|model_lifecycle)\.cc:\d")
 

@@ -391,6 +391,7 @@ _RE_CUDA_ERR = re.compile(
     r"(?:CUDA|HIP) (?:driver )?error: (?:out of memory|CUBLAS_STATUS_ALLOC_FAILED)"
     r"|cuda runtime error \(2\) ?: out of memory"
     r"|Cuda failure (?:\d{1,4} )?'out of memory'"
+    r"|CUDA failed with error out of memory"  # CTranslate2's (faster-whisper's) wording
     r"|CU(?:BLAS|DNN)_STATUS_ALLOC_FAILED|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation"
     # cuBLAS and cuDNN allocate their handle and workspace on first use: on a full GPU that fails as
     # "not initialized" (a library/driver mismatch says the same; extra "library_init" tells them apart)
@@ -1204,7 +1205,7 @@ def went_on_after(text: str, line_no: int, rank: int | None = None) -> tuple[int
 # ``peak_allocated(step)=44.2 GiB``); a max or peak value is the peak.
 _RE_DS_MA = re.compile(r"(?<![\w])MA (\d{1,9}(?:\.\d{1,6})?) ?GB\s{1,40}Max_MA (\d{1,9}(?:\.\d{1,6})?) ?GB")
 _RE_ALLOCATED = re.compile(
-    r"(?<![\w.])((?:(?:[A-Za-z_]{1,40}[._/]){0,4}alloc(?:ated)?(?:_(?:idle|now|cur|current|live))?"
+    r"(?<![\w.])((?:(?:[A-Za-z_]{1,40}[._/]){0,4}alloc(?:ated)?(?:_(?:idle|now|cur|current|live|after|post|end))?"
     r"|(?-i:(?:[A-Z][a-z]{1,10}){1,3}Alloc(?:ated)?))"
     r"(?:_bytes(?:\.all\.current)?|_(gib|mib|gb|mb))?(?:\([a-z_]{0,12}\))?)"
     r"['\"]?\s{0,3}[:=]?\s{0,3}(\d{1,20}(?:\.\d{1,6})?(?:e\+?\d{1,2})?)\s{0,2}(GiB|MiB|KiB|GB|MB|KB|G|M|bytes|B)?(?![\w])",

@@ -120,3 +120,33 @@ def test_the_jobs_python_in_a_listing_printed_after_the_crash() -> None:
     # the same listing without the job's source in the log: no line is known to be the job's, none a neighbour
     _, ev2 = diagnose_text(oom + "after the crash:\n" + smi)
     assert not ev2.processes
+
+
+def test_nvidia_smi_run_from_the_shell_after_the_job_exited_lists_only_others() -> None:
+    """CTranslate2 (faster-whisper) says "CUDA failed with error out of memory" while loading its model; the
+    user then ran nvidia-smi at the prompt: the job's process was gone, so every row is another's."""
+    log = (
+        "$ python transcribe.py rec/ --model large-v3\n"
+        "loading model on cuda:0\n"
+        "Traceback (most recent call last):\n"
+        '  File "/home/u/transcribe.py", line 12, in <module>\n    model = WhisperModel(name, device="cuda")\n'
+        "RuntimeError: CUDA failed with error out of memory\n"
+        "\n$ nvidia-smi\n"
+        "|    0   N/A  N/A      1102      G   /usr/lib/xorg/Xorg                            341MiB |\n"
+        "|    0   N/A  N/A      2741      C   /usr/local/bin/llm-server                    5214MiB |\n"
+    )
+    d, ev = diagnose_text(log)
+    assert ev.is_cuda_oom and ev.log_smi_after_exit
+    assert {p.pid for p in ev.processes if not p.own} == {1102, 2741}
+    assert d.verdict == "other_process", d.headline
+    # the same listing printed by the job's own code after the traceback (no prompt): its rows may hold the
+    # job (a process still alive, another rank): none is known to be a neighbour
+    _, ev2 = diagnose_text(log.replace("$ nvidia-smi\n", "listing:\n"))
+    assert not ev2.log_smi_after_exit and not ev2.processes
+
+
+def test_live_memory_printed_after_each_request() -> None:
+    from triage.messages import _sample_on
+
+    s = _sample_on("[req 011] bucket=2048 prompt=9618 | alloc_after=22.41GiB")
+    assert s is not None and s["allocated_bytes"] == round(22.41 * (1 << 30)) and "peak_only" not in s
