@@ -808,7 +808,10 @@ class Evidence:
         """Which listed processes are others' is known: the job's own line is identified, or the job is known
         not to be listed (an nvidia-smi listing printed before it started, CUDA never initialised in it)."""
         return (
-            self.own_process_identified or self.log_smi_before_start or self.own_absent or self.log_smi_after_exit
+            self.own_process_identified
+            or self.log_smi_before_start
+            or self.own_absent
+            or self.log_smi_after_exit
         )
 
     @property
@@ -2048,7 +2051,9 @@ def _processes(ev: Evidence) -> None:
 
 
 # nvidia-smi run at a shell prompt ("$ nvidia-smi", "user@host:~$ nvidia-smi", "# nvidia-smi -q")
-_RE_PROMPT_SMI = re.compile(r"^\s{0,4}(?:\(\S{1,40}\) )?(?:[\w@.:~/-]{1,80})?[$#] {1,3}(?:sudo )?nvidia-smi\b")
+_RE_PROMPT_SMI = re.compile(
+    r"^\s{0,4}(?:\(\S{1,40}\) )?(?:[\w@.:~/-]{1,80})?[$#] {1,3}(?:sudo )?nvidia-smi\b"
+)
 # Triton's own log lines (its glog prefix names its source files) or its backend API
 _RE_TRITON_LOG = re.compile(r"TRITONBACKEND_|(?:tritonserver|pb_stub|python_be|model_lifecycle)\.cc:\d")
 
