@@ -55,6 +55,7 @@ ID = "fragmentation"
 VERDICT = "fragmentation"
 OWNER = "algorithm"
 
+ROOM_SHRANK = 1.02  # the steps' typical peak above this times what the job could hold at the OOM: room shrank
 LONG_FLAT_STEPS = 8  # printed steps of flat live memory before a long run shows nothing grew
 FLAT_SHARE = 0.05  # of what the job could hold: growth over the run within this is flat
 HOLES_TIMES_REQUEST = 4  # holes that could have held the request this many times over ...
@@ -80,6 +81,24 @@ def _kept_every_step(ev: Evidence) -> Survivors | None:
         and not turned_over(ev, s)
     ]
     return max(kept, key=lambda s: s.stats.bytes) if kept else None
+
+
+def _room_shrank(ev: Evidence, peaks: list[int]) -> str | None:
+    """A sentence when the steps before, at the same batch size, typically peaked above all the job could
+    hold at the OOM (its reservation plus the device's free memory, after the allocator released what it
+    could): packed or not, this step would not have fitted; what the job may use had shrunk (memory outside
+    its allocator grew), and the holes are beside the point."""
+    usable = ev.usable_bytes
+    if len(peaks) < 3 or usable is None or ev.batch_grew_from or ev.log_size_change:
+        return None
+    typical = sorted(peaks)[len(peaks) // 2]
+    if typical <= ROOM_SHRANK * usable:
+        return None
+    return (
+        f"The steps before typically peaked at {human(typical)}, more than the {human(usable)} the job could "
+        "hold at the OOM: packed or not, this step would not have fitted. The memory it may use had shrunk "
+        "(memory outside its allocator grew), not its layout."
+    )
 
 
 def evaluate(ev: Evidence) -> Finding | None:
@@ -223,6 +242,10 @@ def evaluate(ev: Evidence) -> Finding | None:
         )
         f.missing.append("how far the growth was going (the generation's max_new_tokens, the longest input)")
         f.score = min(f.score, LEAD)
+    shrunk = _room_shrank(ev, peaks)
+    if shrunk is not None:
+        f.facts.append(shrunk)
+        f.score = min(f.score, CANDIDATE)
     if ev.batch_grew_from:
         f.facts.append("The batch size grew just before the OOM: the demand changed, not the layout.")
         f.score -= 0.3

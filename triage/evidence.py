@@ -165,6 +165,7 @@ STEP_SWING_SHARE = 0.5
 LATE_RISES = 8  # consecutive rising steps up to the OOM that make a leak, however flat the steps before
 # live memory after a step is exact to the byte: a change smaller than one rounded block is none
 GROWTH_NOISE = 512
+HIGH_HELD_STEPS = 5  # changes since live memory's highest, none above it, before it reads as having stopped
 PRINT_NOISE = 0.03  # of a printed reading: its rounding and the step-to-step jitter at one input
 PRINT_NOISE_BYTES = 32 * MiB  # the same, at least ("0.58G" is printed to 10 MB)
 LATE_RISES_LARGE = 5  # fewer consecutive rises up to the OOM make one when they are large: ...
@@ -393,6 +394,8 @@ class StepTrend:
     # grew and then stayed flat for 3+ steps at one batch size, and has grown since the batch grew by no
     # more than that store could at the new size: a bounded store re-filling with larger entries
     refilled: bool = False
+    # changes since live memory's highest point, when none went above it (0: the run ended at its highest)
+    since_high: int = 0
 
     @property
     def never_falls(self) -> bool:
@@ -455,6 +458,10 @@ class StepTrend:
             return False  # the third rise was not due yet
         if self.late_growth_bytes <= 0.1 * self.early_growth_bytes:
             return True
+        if self.since_high >= HIGH_HELD_STEPS and self.since_high >= self.steps // 3:
+            return (
+                True  # the most it held came a third of the run ago or more, and it never went back above it
+            )
         if self.late_growth_bytes > 0 and len(self.rise_at) >= 3:
             # rises now and then, apart (an evaluation every N steps; a cache fills in a burst of steps in a
             # row): a flat tail no longer than the longest wait between earlier rises is the next one not due
@@ -648,7 +655,14 @@ def _trend_of(ss: Sequence[StepSample]) -> StepTrend | None:
         given_back=-sum(d for d in diffs if d < 0) / max(1, sum(d for d in diffs if d > 0)),
         major_given_back=-sum(d for d in diffs if d < -floor) / max(1, sum(d for d in diffs if d > 0)),
         refilled=_refilled(ss, diffs, floor),
+        since_high=_since_high(vals),
     )
+
+
+def _since_high(vals: list[int]) -> int:
+    """How many changes came after live memory's highest value, none of them above it (by noise)."""
+    top = max(range(len(vals)), key=lambda i: vals[i])
+    return len(vals) - 1 - top
 
 
 def _refilled(ss: Sequence[StepSample], diffs: list[int], floor: float) -> bool:
