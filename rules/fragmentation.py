@@ -24,6 +24,8 @@ hold at its peak, the holes only decided which allocation failed first.
 
 from __future__ import annotations
 
+import itertools
+
 from typing import TYPE_CHECKING
 
 from rules.base import (
@@ -55,6 +57,7 @@ ID = "fragmentation"
 VERDICT = "fragmentation"
 OWNER = "algorithm"
 
+RECORD_ROOM = 1.15  # a running peak's new record with less room than this times the moment's need: not decided
 ROOM_SHRANK = 1.02  # the steps' typical peak above this times what the job could hold at the OOM: room shrank
 LONG_FLAT_STEPS = 8  # printed steps of flat live memory before a long run shows nothing grew
 FLAT_SHARE = 0.05  # of what the job could hold: growth over the run within this is flat
@@ -81,6 +84,15 @@ def _kept_every_step(ev: Evidence) -> Survivors | None:
         and not turned_over(ev, s)
     ]
     return max(kept, key=lambda s: s.stats.bytes) if kept else None
+
+
+def _running_max(peaks: list[int]) -> bool:
+    """The steps' peaks never fell and stayed flat between a few rises: a peak never reset
+    (``max_memory_allocated()`` without ``reset_peak_memory_stats()``), which only says when a step set a new
+    record, not what each step needed."""
+    if len(peaks) < 4 or any(b < a for a, b in itertools.pairwise(peaks)):
+        return False
+    return 1 <= sum(1 for a, b in itertools.pairwise(peaks) if b > a) <= len(peaks) // 3
 
 
 def _room_shrank(ev: Evidence, peaks: list[int]) -> str | None:
@@ -317,6 +329,13 @@ def evaluate(ev: Evidence) -> Finding | None:
             needed > BEYOND_EARLIER * before
             and needed - before > spread
             and (usable is None or usable < UNLIKE_EARLIER * needed)
+        ) or (
+            # a new record of a running peak (printed peaks that only ever rose) with little room left: this
+            # step is longer than any before and how far it was going is not known
+            needed > before
+            and _running_max(peaks)
+            and usable is not None
+            and usable < RECORD_ROOM * needed
         ):
             # (with room left for a quarter more than this moment's need, a step this close to the earlier
             # ones would have fitted packed: only one far above them could not)

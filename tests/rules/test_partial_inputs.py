@@ -880,3 +880,36 @@ def test_a_longer_step_that_took_all_but_a_sliver_is_too_large(unallocated_gib: 
 
     d, _ = diagnose_bundle(_longer_step_bundle(unallocated_gib=unallocated_gib))
     assert d.verdict == verdict, d.headline
+
+
+@pytest.mark.parametrize(
+    ("peaks_gib", "capped"),
+    [
+        (
+            [10, 55, 55, 56, 56, 56, 56, 56, 63, 63, 63, 63, 63, 63],
+            True,
+        ),  # a running peak's records, 2.4% above
+        ([63] * 14, False),  # flat: every step's own peak, met before (rounding)
+        ([50, 62, 55, 58, 61, 52, 60, 56, 57, 59, 62, 54, 58, 60], False),  # per-step peaks that vary
+    ],
+)
+def test_a_new_record_of_a_peak_never_reset_is_not_convicted_on_holes(
+    peaks_gib: list[int], capped: bool
+) -> None:
+    """Peaks that only ever rose, a few times, and stayed flat between: ``max_memory_allocated()`` never reset,
+    which says when a step set a record, not what each step needed. A moment above the last record is a step
+    longer than any before; with under 15% of room left for the rest of it, the holes do not decide it."""
+    from rules import fragmentation
+    from tests.rules.test_thresholds import _frag
+
+    ev = _frag(largest=512 * MiB - 1, ru=6 * GiB)  # needs 64.5 GiB at the OOM, may hold 72 GiB
+    ev.steps = _step_samples(
+        [
+            {"step": i, "allocated_bytes": 30 * GiB, "peak_allocated_bytes": p * GiB}
+            for i, p in enumerate(peaks_gib)
+        ]
+    )
+    assert ev.usable_bytes is not None and ev.usable_bytes < 1.15 * 64.5 * GiB
+    f = fragmentation.evaluate(ev)
+    assert f is not None
+    assert (f.score < CONFIDENT_MIN) is capped
