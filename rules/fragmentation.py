@@ -25,7 +25,6 @@ hold at its peak, the holes only decided which allocation failed first.
 from __future__ import annotations
 
 import itertools
-
 from typing import TYPE_CHECKING
 
 from rules.base import (
