@@ -56,7 +56,9 @@ ID = "fragmentation"
 VERDICT = "fragmentation"
 OWNER = "algorithm"
 
-RECORD_ROOM = 1.15  # a running peak's new record with less room than this times the moment's need: not decided
+RECORD_ROOM = (
+    1.15  # a running peak's new record with less room than this times the moment's need: not decided
+)
 ROOM_SHRANK = 1.02  # the steps' typical peak above this times what the job could hold at the OOM: room shrank
 LONG_FLAT_STEPS = 8  # printed steps of flat live memory before a long run shows nothing grew
 FLAT_SHARE = 0.05  # of what the job could hold: growth over the run within this is flat
@@ -331,10 +333,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         ) or (
             # a new record of a running peak (printed peaks that only ever rose) with little room left: this
             # step is longer than any before and how far it was going is not known
-            needed > before
-            and _running_max(peaks)
-            and usable is not None
-            and usable < RECORD_ROOM * needed
+            needed > before and _running_max(peaks) and usable is not None and usable < RECORD_ROOM * needed
         ):
             # (with room left for a quarter more than this moment's need, a step this close to the earlier
             # ones would have fitted packed: only one far above them could not)
