@@ -50,6 +50,10 @@ OWN_CONTEXT = 512 * MiB  # a typical CUDA context of the job itself
 
 
 LEAST_SHARE = 0.25  # of the device: what the others hold at least, whichever line is the job's
+FIRST_STEP_NEARLY_ALL = 0.85  # of the device: what a first step already needed, unfinished, ...
+SMALL_OTHERS = (
+    0.1  # ... beside others holding at most this share: the neighbour is not shown to have decided it
+)
 
 
 def _least_other(ev: Evidence) -> int | None:
@@ -69,6 +73,22 @@ def _alone_too_big(ev: Evidence) -> str | None:
     if not total or needed is None or needed <= total - OWN_CONTEXT:
         return None
     return f"The job alone needed {human(needed)} of {human(total)}: it would not fit even on an empty GPU."
+
+
+def _first_step_nearly_all(ev: Evidence, others: int) -> str | None:
+    """A sentence when the job failed in its first step, not finished, already holding nearly all of the
+    device, beside others holding a small share of it: whether it would have fitted an empty GPU is not
+    known (the rest of the step was still to come)."""
+    needed, total = ev.needed_bytes, ev.total_bytes
+    first = (ev.step is not None and ev.step <= 0) or bool(ev.first_step_bar)
+    if not first or needed is None or not total:
+        return None
+    if needed < FIRST_STEP_NEARLY_ALL * total or others > SMALL_OTHERS * total:
+        return None
+    return (
+        f"The job failed in its first step, unfinished, already needing {human(needed)} of the {human(total)} GPU "
+        f"beside the others' {human(others)}: whether the whole step fits an empty GPU is not known."
+    )
 
 
 def evaluate(ev: Evidence) -> Finding | None:
@@ -168,6 +188,9 @@ def evaluate(ev: Evidence) -> Finding | None:
         elif (alone := _alone_too_big(ev)) is not None:
             f.facts.append(alone)
             f.score = CANDIDATE
+        elif (first := _first_step_nearly_all(ev, unlisted)) is not None:
+            f.facts.append(first)
+            f.score = POSSIBLE
         else:
             f.score = LIKELY if ev.total_bytes and unlisted >= 0.05 * ev.total_bytes else POSSIBLE
     elif ev.non_pytorch_bytes is not None and ev.non_pytorch_bytes > CUDA_CONTEXT_MAX and not ev.processes:

@@ -48,6 +48,10 @@ _RE_GFD_MEMORY = re.compile(r"nvidia\.com/gpu\.memory\s{0,2}[=:]\s{0,2}[\"']?(\d
 _RE_PRODUCT_NAME = re.compile(
     r"\b(?:NVIDIA|Tesla)[ -][A-Z]{1,2}\d{2,3}[\w-]{0,24}?[ -]\d{2,3}GB(?: HBM\d[e]?)?\b"
 )
+# a Slurm GPU type that states its memory ("--gres=gpu:a100_80gb:4", "gres/gpu:h100-80g=8")
+_RE_GRES_TYPE = re.compile(
+    r"gres[=/:]\s{0,2}gpu:([a-z][a-z0-9]{1,7}[-_](\d{2,3})g(?:b)?)(?=[:=\s,]|$)", re.IGNORECASE
+)
 # a desktop or workstation GPU's name ("NVIDIA GeForce RTX 3080 Ti", "NVIDIA RTX A4000", "Quadro RTX 6000")
 _RE_DESKTOP_GPU = re.compile(
     r"\b(?:NVIDIA )?(?:GeForce (?:RTX|GTX) ?\d{3,4}(?: Ti| SUPER)?(?: Laptop GPU)?|TITAN (?:RTX|V|Xp?)"
@@ -115,6 +119,7 @@ _LOG_LINE_WORDS = (
     "quadro",
     "titan",
     "rtx a",
+    "gres",
     "gpu-type",
     "gpu_type",
     "gpu-class",
@@ -160,6 +165,13 @@ _RE_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):(?:\n[^\n]*)
 # lines of training progress after a log's CUDA OOM that show the job went on after it: other ranks print
 # at most a step or two before they block in the next collective
 PROGRESS_AFTER_OOM = 10
+CAUGHT_LINES = 5  # lines after an OOM searched for the loop's word that it caught it
+_RE_CAUGHT = re.compile(
+    r"skip(?:ping|ped)?(?: \w{1,12}){0,2} (?:batch|step|sample|iteration)|attempting to recover from OOM"
+    r"|recovered from (?:the )?OOM"
+    r"|(?:grads|gradients) zeroed, continuing|continuing (?:with the )?next batch",
+    re.IGNORECASE,
+)
 # a step ended between two survivors only if live memory swung by this share of the trace's largest fall
 STEP_SWING_SHARE = 0.5
 LATE_RISES = 8  # consecutive rising steps up to the OOM that make a leak, however flat the steps before
@@ -1303,7 +1315,9 @@ def build_evidence(
         if len(labelled) == 1:  # several nodes' labels listed: not decided
             ev.log_gpu_label_bytes = labelled.pop() * MiB
         accelerators = {
-            (a.lower(), int(gb)) for ln in candidates for a, gb in _RE_GKE_ACCELERATOR.findall(ln)
+            (a.lower(), int(gb))
+            for ln in candidates
+            for a, gb in (*_RE_GKE_ACCELERATOR.findall(ln), *_RE_GRES_TYPE.findall(ln))
         }
         if len(accelerators) == 1:
             name, gb = accelerators.pop()
@@ -1367,6 +1381,16 @@ def build_evidence(
                 from triage.messages import first_step_bar
 
                 ev.first_step_bar = first_step_bar(text, ev.message.line_no)
+            rerun = _notebook_rerun(text)
+            if rerun is not None and (ev.setup_call or ev.first_step_bar):
+                # a kernel that ran the same cell again keeps what the earlier runs made while anything still
+                # references it: its first step is not a fresh process's
+                ev.setup_call = ev.first_step_bar = None
+                ev.notes.append(
+                    f"The notebook ran `{rerun[0][:80]}` again (cells {', '.join(map(str, rerun[1]))}) in one "
+                    "kernel: what the earlier runs made stays alive while anything still references it (a "
+                    "variable, a trainer, an exception's traceback), so failing early says nothing."
+                )
             from triage.messages import size_change_before
 
             ev.log_size_change = size_change_before(text, ev.message.line_no, ev.message.rank)
@@ -1459,6 +1483,22 @@ def build_evidence(
     return ev
 
 
+# IPython's and Jupyter's input prompt: "In [12]: model = load()"
+_RE_IN_PROMPT = re.compile(r"^In \[(\d{1,5})\]: (\S.{8,300})$", re.MULTILINE)
+
+
+def _notebook_rerun(text: str) -> tuple[str, list[int]] | None:
+    """(statement, cells) when a notebook's log shows one statement run in two or more cells of one kernel
+    (a model loaded again, a training cell run again)."""
+    if "In [" not in text:
+        return None
+    cells: dict[str, list[int]] = {}
+    for m in _RE_IN_PROMPT.finditer(text):
+        cells.setdefault(m.group(2).strip(), []).append(int(m.group(1)))
+    again = [(stmt, ns) for stmt, ns in cells.items() if len(set(ns)) >= 2]
+    return max(again, key=lambda a: len(a[1])) if again else None
+
+
 def _earlier_attempt_pids(text: str, line_no: int | None) -> set[int]:
     """Pids the launcher named for the job's workers before its last restart ahead of line ``line_no``
     (1-based) and never after it: the workers of an earlier attempt. One still on the GPU outlived it."""
@@ -1535,7 +1575,10 @@ def _went_on(ev: Evidence, text: str, from_log: set[int]) -> None:
     if m is None or m.kind != "cuda_oom" or id(m) not in from_log or m.line_no is None:
         return
     progress, fatal = went_on_after(text, m.line_no, m.rank)
-    if progress < PROGRESS_AFTER_OOM:
+    # the loop's own word, just after the OOM, that it caught it ("skipping batch", fairseq's "attempting to
+    # recover from OOM"), and training progress after that
+    said = any(_RE_CAUGHT.search(ln) for ln in text.split("\n")[m.line_no : m.line_no + CAUGHT_LINES])
+    if progress < (1 if said else PROGRESS_AFTER_OOM):
         return
     what = f"{progress} lines of training progress follow it" + (f", then `{fatal}`" if fatal else "")
     ev.survived_oom = f"The CUDA OOM at line {m.line_no} did not end the job: {what}."

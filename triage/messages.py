@@ -1290,7 +1290,7 @@ _RE_MM_MEMORY = re.compile(r"(?<![\w])memory: (\d{1,7})(?![\w.])")
 # the word in front, apart from the key: Megatron's "| max allocated: 53440.1 |", "peak allocated 31.2 GiB"
 _RE_PEAK_BEFORE = re.compile(r"(?<![\w])(?:max|peak)[ _-]{1,2}$", re.IGNORECASE)
 _RE_STEP_NO = re.compile(
-    r"(?<![\w])(?:global_step|step|iter(?:ation)?|it)(?![\w])[\s:=#\[]{0,8}(\d{1,9})"  # "it    50" padded
+    r"(?<![\w])(?<![A-Za-z]/)(?:global_step|step|iter(?:ation)?|it)(?![\w])[\s:=#\[]{0,8}(\d{1,9})"  # "it    50" padded
     r"|(?<![\w/])(\d{1,9})/\d{1,9} \[\d"  # a progress bar's "450/10000 [02:10<…"
     r"|\(after (\d{1,9}) iterations\)"  # Megatron's memory report
     r"|(?:步数?|шаг|ステップ)[\s:=#]{0,8}(\d{1,9})|第\s{0,2}(\d{1,9})\s{0,2}步",  # "步数 100", "шаг 100/1000", "第 20 步"
@@ -1867,7 +1867,7 @@ def first_step_bar(text: str, line_no: int | None) -> str | None:
 
 
 _RE_STEP_WORD_NO = re.compile(
-    r"(?<![\w])(?:global_step|step|iter(?:ation)?)(?![\w])[\s:=#\[]{0,4}(\d{1,9})", re.I
+    r"(?<![\w])(?<![A-Za-z]/)(?:global_step|step|iter(?:ation)?)(?![\w])[\s:=#\[]{0,4}(\d{1,9})", re.I
 )
 
 

@@ -150,3 +150,84 @@ def test_live_memory_printed_after_each_request() -> None:
 
     s = _sample_on("[req 011] bucket=2048 prompt=9618 | alloc_after=22.41GiB")
     assert s is not None and s["allocated_bytes"] == round(22.41 * (1 << 30)) and "peak_only" not in s
+
+
+def test_a_notebook_that_ran_its_load_cell_again_has_no_fresh_first_step() -> None:
+    """Reloading the model in a second cell of the same kernel keeps the first copy while anything references
+    it; the OOM in the first step of training then says nothing about the step alone."""
+    oom = MSG_2_2.format(
+        req="1.25 GiB",
+        total="79.10 GiB",
+        free="449.28 MiB",
+        procs="Including non-PyTorch memory, this process has 78.66 GiB memory in use. ",
+        allowed="",
+        alloc="77.40 GiB",
+        ru="700.00 MiB",
+    )
+    cells = (
+        'In [3]: model = AutoModelForCausalLM.from_pretrained(CKPT).to("cuda")\n'
+        "In [9]: trainer.train()\nValueError: Attempting to unscale FP16 gradients.\n"
+        'In [15]: model = AutoModelForCausalLM.from_pretrained(CKPT).to("cuda")\n'
+        "In [16]: trainer.train()\n  0%|          | 0/3000 [00:00<?, ?it/s]\n"
+    )
+    d, ev = diagnose_text(cells + "OutOfMemoryError: " + oom.split(": ", 1)[1])
+    assert ev.first_step_bar is None
+    assert any("again (cells 3, 15)" in n for n in ev.notes)
+    assert d.verdict == "inconclusive"
+    # one run of each cell: the bar still says the first step
+    once = cells.replace("In [15]: model", "In [15]: tokenizer").replace(
+        "In [9]: trainer.train()", "In [9]: x = 1"
+    )
+    d2, ev2 = diagnose_text(once + "OutOfMemoryError: " + oom.split(": ", 1)[1])
+    assert ev2.first_step_bar == "0/3000" and d2.verdict == "workload_too_large"
+
+
+def test_a_rate_per_step_is_no_step_number() -> None:
+    from triage.messages import _first_step_line
+
+    assert _first_step_line("[03:17:01] step 0 starting; tokens/step=65536")
+    assert not _first_step_line("[03:17:01] step 4 done; tokens/step=65536")
+    # a step counter after a slash is still one ("micro_step=10/global_step=10")
+    assert not _first_step_line("epoch=0/micro_step=10/global_step=10")
+
+
+def test_an_oom_the_loop_says_it_skipped_did_not_end_the_job() -> None:
+    """The OOM was caught ("skipping eval batch", then training went on); a host kill ended the job."""
+    oom = MSG_2_2.format(
+        req="4.00 GiB",
+        total="79.10 GiB",
+        free="3.59 GiB",
+        procs="",
+        allowed="",
+        alloc="74.10 GiB",
+        ru="800.00 MiB",
+    )
+    log = (
+        "step 6000 loss 2.25\n"
+        f"WARNING eval batch 58 raised torch.OutOfMemoryError: {oom.split(': ', 1)[1]}"
+        "WARNING skipping eval batch 58, torch.cuda.empty_cache()\n"
+        "step 7000 loss 2.19\nstep 8000 loss 2.13\n"
+        "Memory cgroup out of memory: Killed process 3310 (python3) total-vm:150000000kB, anon-rss:134000000kB\n"
+    )
+    d, ev = diagnose_text(log)
+    assert ev.survived_oom is not None
+    assert d.verdict != "workload_too_large", d.headline
+    # without the loop's word, two lines of progress are not enough to say it went on
+    _, ev2 = diagnose_text(log.replace("WARNING skipping eval batch 58, torch.cuda.empty_cache()\n", ""))
+    assert ev2.survived_oom is None
+
+
+def test_a_slurm_gpu_type_that_states_its_memory_is_what_the_job_asked_for() -> None:
+    oom = MSG_2_2.format(
+        req="2.50 GiB",
+        total="39.39 GiB",
+        free="563.20 MiB",
+        procs="Including non-PyTorch memory, this process has 38.84 GiB memory in use. ",
+        allowed="",
+        alloc="36.40 GiB",
+        ru="1.80 GiB",
+    )
+    log = "requested: --nodes=2 --gres=gpu:a100_80gb:4 --mem=480G\n[rank 0] step 0 starting\n" + oom
+    d, ev = diagnose_text(log)
+    assert ev.log_asked_gpu == ("a100_80gb", 80 << 30)
+    assert d.verdict == "gpu_quota", d.headline

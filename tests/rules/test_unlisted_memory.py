@@ -163,3 +163,24 @@ def test_accelerate_gave_up_at_batch_size_zero() -> None:
     assert d.verdict == "inconclusive"
     assert {"workload_too_large", "other_process", "gpu_quota"} <= set(d.candidates)
     assert any("not even batch size 1" in n for n in ev.notes)
+
+
+def test_a_first_step_that_already_holds_nearly_all_the_gpu_is_not_the_unlisted_memorys() -> None:
+    """5.2 GiB no process accounts for, beside a job that, in its first step and unfinished, already needs 72.6
+    GiB of 79.2: whether the step fits an empty GPU is not known, so the unlisted memory is no verdict; the same
+    numbers after many steps of this size would be (the margin the steps ran in)."""
+    from rules import other_process
+
+    msg = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. GPU 1 has a total capacity of "
+        "79.19 GiB of which 1.36 GiB is free. Including non-PyTorch memory, this process has 72.68 GiB memory in "
+        "use. Of the allocated memory 70.90 GiB is allocated by PyTorch, and 1.20 GiB is reserved by PyTorch but "
+        "unallocated.\n"
+    )
+    _, first = diagnose_text("step 0 starting\n" + msg)
+    f = other_process.evaluate(first)
+    assert first.unlisted_bytes and f is not None and f.score < 0.6
+    assert any("first step" in s for s in f.facts)
+    _, later = diagnose_text("step 900 loss 1.2\n" + msg)
+    g = other_process.evaluate(later)
+    assert g is not None and g.score >= 0.6
