@@ -1509,7 +1509,17 @@ def _earlier_attempt_pids(text: str, line_no: int | None) -> set[int]:
     if not restarts:
         return set()
     cut = restarts[-1]
-    return _launcher_pids(text[:cut]) - _launcher_pids(text[cut:])
+    after = text[cut:]
+    # the launcher tears the old workers down as it restarts ("Sending process N closing signal SIGTERM",
+    # "Unable to shutdown process N …"): those pids are the earlier attempt's, named after the restart line
+    torn = {int(m.group(1)) for m in _RE_TEARDOWN_PID.finditer(after)}
+    kept = after
+    for pid in torn:
+        kept = re.sub(rf"[^\n]*\b{pid}\b[^\n]*(?:closing signal|shutdown process|forcefully)[^\n]*", "", kept)
+    return (_launcher_pids(text[:cut]) | torn) - _launcher_pids(kept)
+
+
+_RE_TEARDOWN_PID = re.compile(r"(?:Sending process|Unable to shutdown process) (\d{1,10})\b")
 
 
 def _launcher_pids(text: str) -> set[int]:

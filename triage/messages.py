@@ -1739,7 +1739,10 @@ _RE_DATA_BAR = re.compile(
     r"(?<![\w])(?:Running tokenizer|Tokeniz(?:ing|e)|Map(?: \(num_proc=\d{1,4}\))?:|Filter(?: \(num_proc=\d{1,4}\))?:"
     r"|Generating \w{1,20} split|Resolving data files|Grouping texts|Packing|Preprocessing"
     r"|Scanning|Caching images|Extracting|Indexing|Building (?:the )?(?:dataset|index|vocab)"
-    r"|Sanity Checking)",  # (Lightning's validation batches before training: run without gradients, freed)
+    r"|Sanity Checking"  # (Lightning's validation batches before training: run without gradients, freed)
+    # a hub download's bar, named after its file ("generation_config.json: 100%|…| 234/234")
+    r"|[\w.-]{1,120}\.(?:json|safetensors|bin|model|txt|pt|pth|ckpt|gguf|msgpack|h5|onnx|tiktoken|jinja|py)"
+    r"\s{0,2}:\s{0,4}\d{1,3}%)",
     re.I,
 )
 # the HF Trainer's banner as training begins: bars before it were the setup's

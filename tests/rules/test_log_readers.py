@@ -146,3 +146,32 @@ def test_a_few_flat_peaks_are_enough_to_say_the_steps_did_not_grow() -> None:
     )
     _, ev2 = diagnose_text(rising + TRACE + oom)
     assert ev2.trend is None
+
+
+def test_a_hub_downloads_bar_is_setup() -> None:
+    head = (
+        "generation_config.json: 100%|██████████| 234/234 [00:00<00:00, 1.71MB/s]\n"
+        "model.safetensors: 100%|██████████| 2.24G/2.24G [00:19<00:00, 116MB/s]\n"
+        "  0%|          | 0/60 [00:00<?, ?it/s]\n"
+    )
+    assert _bar(head) == "0/60"
+
+
+def test_a_worker_the_launcher_tore_down_at_its_restart_is_an_earlier_attempts() -> None:
+    """torchrun restarts its workers; rank 0 of the earlier attempt would not die on SIGTERM and still holds
+    71 GiB of GPU 0 when the new rank 0 loads its model there."""
+    log = (
+        "W0108 05:13:52.340000 30500 torch/distributed/elastic/agent/server/api.py:704] [default] Worker group "
+        "FAILED. 3/3 attempts left; will restart worker group\n"
+        "W0108 05:13:52.341000 30500 torch/distributed/elastic/multiprocessing/api.py:897] Sending process 30511 "
+        "closing signal SIGTERM\n"
+        "W0108 05:14:22.343000 30500 torch/distributed/elastic/multiprocessing/api.py:916] Unable to shutdown "
+        "process 30511 via Signals.SIGTERM, forcefully exiting via Signals.SIGKILL\n"
+        "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1002.00 MiB. GPU 0 has a total "
+        "capacity of 79.19 GiB of which 98.00 MiB is free. Process 30511 has 71.12 GiB memory in use. Including "
+        "non-PyTorch memory, this process has 7.97 GiB memory in use. Of the allocated memory 7.30 GiB is allocated "
+        "by PyTorch, and 150.00 MiB is reserved by PyTorch but unallocated.\n"
+    )
+    d, ev = diagnose_text(log)
+    assert 30511 in ev.earlier_attempt_pids
+    assert d.verdict == "other_process", d.headline
