@@ -1274,6 +1274,15 @@ _RE_BARE_PEAK = re.compile(
     re.IGNORECASE,
 )
 _DS_TIMER_KEYS = frozenset({"MemAllocated", "MaxMemAllocated"})
+# a peak under a GPU-memory key, then what the step left behind under "after": "peak_cuda=5.54GiB after=4.71GiB"
+_SZ = r"(\d{1,9}(?:\.\d{1,6})?)\s{0,2}(GiB|MiB|GB|MB|G|M)(?![\w])"
+_RE_AFTER_PEAK = re.compile(
+    r"(?<![\w])peak[_ ](?:cuda|gpu|mem(?:ory)?|vram)\w{0,12}\s{0,2}[:=]\s{0,2}"
+    + _SZ
+    + r"[,;|\s]{1,6}after\s{0,2}[:=]\s{0,2}"
+    + _SZ,
+    re.IGNORECASE,
+)
 # an allocated key followed by one reading per device: "memory_allocated cuda:0 9.49G cuda:1 3.28G"
 _RE_PER_DEVICE = re.compile(
     r"(?:(?<=alloc )|(?<=allocated )|(?<=allocated: )|(?<=alloc: )|(?<=G )|(?<=B )|(?<=M )|(?<=, ))"
@@ -1641,6 +1650,11 @@ def _sample_on(content: str) -> dict[str, int] | None:
             # OpenMMLab's logger: torch.cuda.max_memory_allocated() in MiB, its peak reset every log interval
             size = int(mm.group(1)) * MiB
             return {"allocated_bytes": size, "peak_allocated_bytes": size, "peak_only": 1}
+    if current is None and "after" in content and (aft := _RE_AFTER_PEAK.search(content)) is not None:
+        # "peak_cuda=5.54GiB after=4.71GiB": the step's peak and what it left behind
+        top = parse_size(aft.group(1), _SHORT_UNITS.get(aft.group(2).upper(), aft.group(2)))
+        current = parse_size(aft.group(3), _SHORT_UNITS.get(aft.group(4).upper(), aft.group(4)))
+        peak = max(peak or 0, top)
     if current is None and "cuda:" in content and (each := _RE_PER_DEVICE.findall(content)):
         # one reading per device on the line ("memory_allocated cuda:0 9.49G cuda:1 3.28G"): the fullest
         # device's, the one nearest its limit (DataParallel gathers on its first)

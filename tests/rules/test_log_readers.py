@@ -175,3 +175,9 @@ def test_a_worker_the_launcher_tore_down_at_its_restart_is_an_earlier_attempts()
     d, ev = diagnose_text(log)
     assert 30511 in ev.earlier_attempt_pids
     assert d.verdict == "other_process", d.headline
+
+
+def test_a_peak_and_what_the_step_left_behind_under_after() -> None:
+    s = _sample_on("[29/64] call.wav dur=845s segments=599 peak_cuda=5.54GiB after=4.71GiB")
+    assert s == {"allocated_bytes": round(4.71 * (1 << 30)), "peak_allocated_bytes": round(5.54 * (1 << 30))}
+    assert _sample_on("retrying after=3 attempts") is None
