@@ -83,6 +83,8 @@ OWNER = "algorithm"
 MIN_CYCLES = 3  # survivors from at least four different steps
 MIN_CYCLE_FRACTION = 0.2  # several survivors per step are fine (three metrics kept per step)
 SITE_IS_CALLS = 1.1  # kept calls holding at most this times one inner site's blocks hold only its
+PASS_BLOCKS_MAX = 1024  # blocks one line makes in a forward pass at most (one per layer, a few per block)
+HUGE_REQUEST_SHARE = 0.25  # of what the job could hold: one request this large is a new demand of its own
 MINOR_SHARE = 0.05  # survivors below this share of the job's memory, and not decisive, did not cause the OOM
 MANY_CYCLES = 5  # survivors from six different steps are a leak however many each step kept
 RELEASED_MIN = 4  # kept-then-freed blocks that show a site letting go of what it keeps ...
@@ -151,6 +153,13 @@ def _kept_across_steps(ev: Evidence) -> int:
         for s in ev.survivors
         if s.cycles >= 1 and not s.evicted_like_a_cache and not _elsewhere(ev, s.stats)
     )
+
+
+def _huge_request(ev: Evidence) -> bool:
+    """The failing request alone is a large share of what the job could hold: one allocation of a new size
+    (a long input's attention scores or logits), which nothing kept in small pieces made room for."""
+    usable = ev.usable_bytes
+    return bool(ev.request_bytes and usable and ev.request_bytes >= HUGE_REQUEST_SHARE * usable)
 
 
 def _minor(ev: Evidence, kept: int) -> bool:
@@ -829,7 +838,10 @@ def _evaluate(ev: Evidence) -> Finding | None:
             and not trend.plateaued
             and trend.given_back < GIVEN_BACK
         )
-        if ev.step is not None and ev.step <= EARLY_STEP and not trend_growing:
+        # (far more blocks of one line than a forward pass has layers, holding most of the memory, are no pass:
+        # an inference loop that never steps an optimizer reports step 0 all along)
+        piled = st.count >= PASS_BLOCKS_MAX and st.bytes >= 0.5 * (ev.allocated_bytes or 0)
+        if ev.step is not None and ev.step <= EARLY_STEP and not trend_growing and not piled:
             # the job says it was in its first steps: what the trace shows as steps were the layers of one
             # forward pass, or the micro-steps of one optimizer step
             f.facts.append(
@@ -851,6 +863,19 @@ def _evaluate(ev: Evidence) -> Finding | None:
                     "live memory per step (the collector's step samples): a window levels off, a leak does not"
                 )
             f.score = min(f.score, BOUNDED)
+        elif (
+            not decisive
+            and _huge_request(ev)
+            and _minor(ev, kept := max(st.bytes, trend.growth_bytes if trend else 0))
+        ):
+            # a real leak, but one this OOM did not need: all it kept, freed, would not have made room for the
+            # request (a single allocation far larger than anything kept)
+            f.facts.append(
+                f"All it kept comes to {human(kept)}, {kept / max(1, ev.allocated_bytes or 1):.1%} of the job's "
+                f"memory: freed, it would not have made room for the {human(ev.request_bytes or 0)} request. A "
+                "leak, but not what failed here."
+            )
+            f.score = min(f.score, LEAD)
         elif trend_growing or (steady and f.score >= STRONG):
             f.score = 0.95
         elif trend_flat and not steady and (last := _after_the_steps(ev, leak)) is not None:
@@ -962,6 +987,8 @@ def _evaluate(ev: Evidence) -> Finding | None:
         # (a floor is exact to the byte; a peak printed alone moves with the input)
         and not ev.log_peaks_only
         and not _small_growth_undecisive(ev, trend.growth_bytes)
+        # (all it grew by, freed, would not have made room for a request that large: a leak, not this OOM's cause)
+        and not (_huge_request(ev) and _minor(ev, trend.growth_bytes))
     ):
         # a small rise after every single step: live memory after a step is exact to the byte in a
         # healthy loop, so even a few KiB a step is something kept; the longer the run, the surer

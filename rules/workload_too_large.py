@@ -556,7 +556,7 @@ def evaluate(ev: Evidence) -> Finding | None:
         elif (
             flat
             and usable is not None
-            and usable - needed < MIN_WASTE_FRACTION * usable
+            and 0 <= usable - needed < MIN_WASTE_FRACTION * usable
             and (ev.reserved_unallocated_bytes or 0) < MIN_WASTE_FRACTION * usable
         ):
             # whatever it ran, it had taken all but a sliver of what the job could hold and was not done;

@@ -2912,7 +2912,10 @@ def per_step_blocks(ev: Evidence) -> tuple[Site, int, int] | None:
     counts = {
         (st.site, size): n
         for st in ev.sites
-        if st.site.kind == "user" and (tl is None or tl.device in st.devices)
+        if st.site.kind == "user"
+        and (tl is None or tl.device in st.devices)
+        # (made while the model was built or loaded: a transformer's layers give many weights of one size)
+        and not _RE_SETUP_NAME.match(st.site.name or "")
         for size, n in st.sizes.items()
     }
     best: tuple[Site, int, int] | None = None
@@ -2927,6 +2930,8 @@ def per_step_blocks(ev: Evidence) -> tuple[Site, int, int] | None:
     return best
 
 
+# a function that builds or loads a model: what it allocates is weights, not one tensor kept per step
+_RE_SETUP_NAME = re.compile(r"__init__$|__new__$|setup$|(?:load|build|init|create|make)(?:_|[A-Z]|$)")
 DOMINANT_SHARE = 0.5  # of live memory held by one line that keeps adding: what filled the device
 DOMINANT_COUNT = 8  # blocks it holds: added over many steps, not a few buffers
 

@@ -159,20 +159,22 @@ def test_a_state_re_made_once_in_a_short_trace_is_named_when_it_replaced_an_olde
 LOGITS = [{"filename": "/w/trainer_ext.py", "line": 48, "name": "compute_loss"}, MAIN]
 
 
-def kept_per_step(*, step: int, kept: int) -> dict[str, Any]:
-    """A bundle without step samples at ``step``: ``kept`` logits blocks of 126 MiB at one line, older than
-    a trace of the failing step alone, whose activations (of several sizes) come from the same line."""
+def kept_per_step(*, step: int, kept: int, at: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A bundle without step samples at ``step``: ``kept`` logits blocks of 126 MiB at one line (``at``'s
+    stack, else the loss's), older than a trace of the failing step alone, whose activations (of several
+    sizes) come from the same line."""
+    frames = at or LOGITS
     segments = [
         one_block_segment(0, 1 << 40, 8 * GIB, [{"filename": "/w/train.py", "line": 90, "name": "main"}])
     ]
     addr = 1 << 41
     for _ in range(kept):
         addr += 1 << 30
-        segments.append(one_block_segment(0, addr, 126 * MiB, LOGITS))
+        segments.append(one_block_segment(0, addr, 126 * MiB, frames))
     t = Trace(0)
     for k in range(6):
-        t.alloc((40 + 8 * k) * MiB, LOGITS)
-    t.oom(250 * MiB, LOGITS)
+        t.alloc((40 + 8 * k) * MiB, frames)
+    t.oom(250 * MiB, frames)
     raw = {"segments": segments + t.segments(), "device_traces": [t.entries]}
     return bundle(raw, step=step, timeline=[], batch_size=4)
 
@@ -188,3 +190,12 @@ def test_as_many_blocks_of_one_size_at_one_line_as_steps_run_is_one_kept_per_ste
     if named:
         assert d.leak_site is not None and d.leak_site["line"] == 48
         assert any("one kept at every step" in e.fact for e in d.evidence)
+
+
+def test_weights_made_while_the_model_was_built_are_not_one_kept_per_step() -> None:
+    """A transformer's layers give many weights of one size (96 MLP matrices of 112 MiB for 32 layers): made
+    in the model's ``__init__``, they are weights, whatever the step count happens to be."""
+    built = [{"filename": "/w/reward.py", "line": 95, "name": "__init__"}, MAIN]
+    d, _ = diagnose_bundle(kept_per_step(step=236, kept=236, at=built))
+    assert not any("one kept at every step" in e.fact for e in d.evidence)
+    assert d.verdict != "tensor_leak", d.headline

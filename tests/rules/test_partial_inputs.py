@@ -913,3 +913,60 @@ def test_a_new_record_of_a_peak_never_reset_is_not_convicted_on_holes(
     f = fragmentation.evaluate(ev)
     assert f is not None
     assert (f.score < CONFIDENT_MIN) is capped
+
+
+@pytest.mark.parametrize(("request_gib", "capped"), [(28.0, True), (1.2, False)])
+def test_a_small_steady_leak_beside_one_huge_request_is_not_what_failed(
+    request_gib: float, capped: bool
+) -> None:
+    """Live memory rose by 192 KiB at every one of 1355 steps (pooled vectors kept on the GPU: a real leak),
+    then one request of 28 GiB, most of what the job could hold, failed: freed, the 254 MiB kept would not have
+    made room for it. Beside a 1.2 GiB request the steady growth is still the story."""
+    from triage.evidence import Survivors
+    from triage.snapshot.frames import Site
+    from triage.snapshot.sites import SiteStats
+
+    st = SiteStats(
+        Site("/w/embed.py", 92, "encode_batch"), bytes=254 * MiB, count=1355, traced=3, allocs_in_trace=3
+    )
+    ev = cuda(
+        total_bytes=44 * GiB,
+        reserved_bytes=42 * GiB,
+        allocated_bytes=int(30.8 * GiB),
+        device_free_bytes=int(1.3 * GiB),
+        request_bytes=int(request_gib * GiB),
+        survivors=[Survivors(st, cycles=1354, gaps=1354, freed_at_site=0)],
+    )
+    ev.trend = _trend([{"step": i, "allocated_bytes": GiB + i * 192 * 1024} for i in range(1355)])
+    f = tensor_leak.evaluate(ev)
+    assert f is not None
+    assert (f.score < CONFIDENT_MIN) is capped
+    assert any("not what failed here" in s for s in f.facts) is capped
+
+
+@pytest.mark.parametrize(("count", "capped"), [(2580, False), (64, True)])
+def test_a_pile_of_one_lines_blocks_at_step_0_is_no_forward_pass(count: int, capped: bool) -> None:
+    """An inference loop runs no optimizer step, so it reports step 0 all along. Its rounds at one line are
+    passes of its first step only while the line holds what one forward pass makes (one block per layer); 2580
+    blocks of one size holding most of the memory are a pile (frames appended to a list, never cleared)."""
+    from triage.evidence import Survivors
+    from triage.snapshot.frames import Site
+    from triage.snapshot.sites import SiteStats
+
+    size = int(30.2 * GiB) // count
+    st = SiteStats(
+        Site("/w/make_clip.py", 41, "keep"), bytes=size * count, count=count, traced=14, allocs_in_trace=14
+    )
+    ev = cuda(
+        step=0,
+        total_bytes=40 * GiB,
+        reserved_bytes=int(38.6 * GiB),
+        allocated_bytes=int(37.7 * GiB),
+        device_free_bytes=300 * MiB,
+        request_bytes=256 * MiB,
+        survivors=[Survivors(st, cycles=13, gaps=13, freed_at_site=0)],
+    )
+    f = tensor_leak.evaluate(ev)
+    assert f is not None
+    assert (f.score < CONFIDENT_MIN) is capped
+    assert any("passes within its first steps" in s for s in f.facts) is capped
