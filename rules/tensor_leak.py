@@ -610,6 +610,22 @@ def _older(kc: KeptCalls) -> str:
 
 def evaluate(ev: Evidence) -> Finding | None:
     f = _evaluate(ev)
+    if ev.eval_gather is not None and ev.is_cuda_oom and (f is None or f.score < LEAD):
+        # an evaluation loop that keeps every batch's predictions on the GPU: memory kept across its batches
+        f = f or Finding(rule=ID, verdict=VERDICT, score=0.0)
+        f.facts.insert(
+            0,
+            f"The OOM came while the evaluation loop gathered its predictions ({ev.eval_gather}): every batch's "
+            "outputs kept on the GPU until the evaluation ends.",
+        )
+        f.missing.append(
+            "live memory per evaluation batch: kept predictions grow with each, a too-large batch does not"
+        )
+        f.actions.insert(
+            0,
+            "Set eval_accumulation_steps (HF Trainer) or move each batch's predictions to the CPU before keeping them.",
+        )
+        f.score = LEAD
     if f is not None and ev.device_had_room:
         # whatever the job kept, the device had room for this request: the leak did not cause this OOM
         if f.score <= CANDIDATE:

@@ -616,6 +616,17 @@ def evaluate(ev: Evidence) -> Finding | None:
             "The same steps fitted before at this batch size: the device has less room now, not the step more need."
         )
         f.score = min(f.score, POSSIBLE)
+    if ev.eval_gather is not None:
+        f.facts.append(
+            f"The OOM came while the evaluation loop gathered its predictions ({ev.eval_gather}): predictions kept "
+            "on the GPU across the evaluation's batches grow with the evaluation set, not with the batch."
+        )
+        f.actions.insert(
+            0,
+            "Move predictions off the GPU as they come: set eval_accumulation_steps (HF Trainer), or .cpu() each "
+            "batch's outputs before keeping them.",
+        )
+        f.score = min(f.score, LEAD)
     left = ev.restart_kept_bytes
     if left is not None and needed is not None and usable is not None and needed - left <= usable:
         f.facts.append(

@@ -820,6 +820,7 @@ class Evidence:
     # live memory rose only where a size printed beside it grew: (what, first, last) (``_growth_with_input``)
     growth_with_input: tuple[str, int, int] | None = None
     root_rank: int | None = None  # torchrun's "Root Cause (first observed failure)" rank
+    eval_gather: str | None = None  # the evaluation loop's gathering of predictions the OOM came in
     survived_oom: str | None = None  # a log's CUDA OOM the job went on after (it did not end the job)
     contract_violations: list[Any] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -1470,6 +1471,7 @@ def build_evidence(
     if survivors:
         _survivors(ev)
         _kept_calls(ev)
+    ev.eval_gather = _eval_gather(ev, text)
     if ev.device_had_room:
         ev.notes.append(
             f"The device still had {human(ev.device_free_bytes or 0)} free after the failure, many times the "
@@ -1497,6 +1499,45 @@ def _notebook_rerun(text: str) -> tuple[str, list[int]] | None:
         cells.setdefault(m.group(2).strip(), []).append(int(m.group(1)))
     again = [(stmt, ns) for stmt, ns in cells.items() if len(set(ns)) >= 2]
     return max(again, key=lambda a: len(a[1])) if again else None
+
+
+# an evaluation loop gathering every batch's predictions (HF Trainer's nested_concat /
+# torch_pad_and_concatenate without eval_accumulation_steps, accelerate's gather_for_metrics)
+_RE_GATHER_FN = re.compile(
+    r"^(?:torch_pad_and_concatenate|nested_concat|nested_numpify|_nested_gather|gather_for_metrics"
+    r"|_pad_across_processes)$"
+)
+_RE_EVAL_LOOP_FN = re.compile(r"^(?:evaluation_loop|prediction_loop|evaluate|predict|_evaluate)$")
+_RE_TB_FN = re.compile(r'File "([^"\n]{1,300})", line (\d{1,7}), in (\w{1,80})')
+
+
+def _eval_gather(ev: Evidence, text: str | None) -> str | None:
+    """The frame of an evaluation loop's gathering of predictions the OOM came in ("trainer_pt_utils.py:127 in
+    nested_concat"), from the trace's OOM entry or the traceback: predictions kept on the GPU across the
+    evaluation's batches, growing with the evaluation set."""
+    frames: list[tuple[str, int, str]] = []
+    oom = ev.oom_entry
+    if oom is not None and oom.frames:
+        frames = [
+            (str(f.get("filename") or ""), int(f.get("line") or 0), str(f.get("name") or ""))
+            for f in oom.frames
+            if isinstance(f, dict)
+        ]
+    else:
+        tb = _get(ev.bundle, "error", "traceback")
+        source = tb if isinstance(tb, str) else text
+        if source and ev.message is not None and "File " in source:
+            upto = (
+                source
+                if source is tb or ev.message.line_no is None
+                else "\n".join(source.split("\n")[: ev.message.line_no])
+            )
+            # (a traceback lists the outermost call first: innermost first, as a trace's frames are)
+            frames = [(f, int(n), fn) for f, n, fn in reversed(_RE_TB_FN.findall(upto[-20000:]))]
+    gather = next((fr for fr in frames if _RE_GATHER_FN.match(fr[2])), None)
+    if gather is None or not any(_RE_EVAL_LOOP_FN.match(fr[2]) for fr in frames):
+        return None
+    return f"{gather[0].replace(chr(92), '/').rsplit('/', 1)[-1]}:{gather[1]} in {gather[2]}"
 
 
 def _earlier_attempt_pids(text: str, line_no: int | None) -> set[int]:

@@ -231,3 +231,50 @@ def test_a_slurm_gpu_type_that_states_its_memory_is_what_the_job_asked_for() -> 
     d, ev = diagnose_text(log)
     assert ev.log_asked_gpu == ("a100_80gb", 80 << 30)
     assert d.verdict == "gpu_quota", d.headline
+
+
+def _eval_tb(gather: bool) -> str:
+    frames = [
+        ("/app/run_clm.py", 655, "main"),
+        ("/opt/conda/lib/python3.10/site-packages/transformers/trainer.py", 3666, "evaluate"),
+        ("/opt/conda/lib/python3.10/site-packages/transformers/trainer.py", 3882, "evaluation_loop"),
+    ]
+    if gather:
+        frames += [
+            (
+                "/opt/conda/lib/python3.10/site-packages/transformers/trainer_pt_utils.py",
+                127,
+                "nested_concat",
+            ),
+            (
+                "/opt/conda/lib/python3.10/site-packages/transformers/trainer_pt_utils.py",
+                88,
+                "torch_pad_and_concatenate",
+            ),
+        ]
+    else:
+        frames += [("/opt/conda/lib/python3.10/site-packages/torch/nn/modules/module.py", 1739, "_call_impl")]
+    lines = ["Traceback (most recent call last):"]
+    lines += [f'  File "{f}", line {n}, in {fn}\n    pass' for f, n, fn in frames]
+    return "\n".join(lines) + "\n"
+
+
+def test_an_oom_while_the_evaluation_loop_gathers_its_predictions() -> None:
+    """HF Trainer without eval_accumulation_steps concatenates every batch's predictions on the GPU: an OOM in
+    that gathering is kept predictions as much as a large batch, whatever the steps before peaked at."""
+    oom = MSG_2_2.format(
+        req="36.10 GiB",
+        total="79.15 GiB",
+        free="35.00 GiB",
+        procs="",
+        allowed="",
+        alloc="42.30 GiB",
+        ru="1.40 GiB",
+    )
+    steps = "".join(f"step {k * 100} loss 1.{k} mem_allocated=8.2GiB\n" for k in range(1, 9))
+    d, ev = diagnose_text(steps + _eval_tb(True) + oom)
+    assert ev.eval_gather == "trainer_pt_utils.py:88 in torch_pad_and_concatenate"
+    assert d.verdict == "inconclusive" and "tensor_leak" in d.candidates
+    assert any("eval_accumulation_steps" in a for a in d.actions)
+    _, ev2 = diagnose_text(steps + _eval_tb(False) + oom)
+    assert ev2.eval_gather is None
