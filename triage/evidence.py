@@ -1420,7 +1420,7 @@ def build_evidence(
             at = ev.message.line_no or 0
             if first > at:
                 # run from a shell prompt after the traceback: the job's process had exited
-                between = text.split("\n")[at : first - 1]
+                between = text.split("\n", first)[at : first - 1]
                 ev.log_smi_after_exit = any(_RE_PROMPT_SMI.match(ln) for ln in between)
         else:
             gpus = smi_gpu_usage(text)
@@ -1530,7 +1530,7 @@ def _eval_gather(ev: Evidence, text: str | None) -> str | None:
             upto = (
                 source
                 if source is tb or ev.message.line_no is None
-                else "\n".join(source.split("\n")[: ev.message.line_no])
+                else "\n".join(source.split("\n", ev.message.line_no)[: ev.message.line_no])
             )
             # (a traceback lists the outermost call first: innermost first, as a trace's frames are)
             frames = [(f, int(n), fn) for f, n, fn in reversed(_RE_TB_FN.findall(upto[-20000:]))]
@@ -1554,9 +1554,7 @@ def _earlier_attempt_pids(text: str, line_no: int | None) -> set[int]:
     # the launcher tears the old workers down as it restarts ("Sending process N closing signal SIGTERM",
     # "Unable to shutdown process N …"): those pids are the earlier attempt's, named after the restart line
     torn = {int(m.group(1)) for m in _RE_TEARDOWN_PID.finditer(after)}
-    kept = after
-    for pid in torn:
-        kept = re.sub(rf"[^\n]*\b{pid}\b[^\n]*(?:closing signal|shutdown process|forcefully)[^\n]*", "", kept)
+    kept = "\n".join(ln for ln in after.split("\n") if not _RE_TEARDOWN_PID.search(ln))
     return (_launcher_pids(text[:cut]) | torn) - _launcher_pids(kept)
 
 
@@ -1628,7 +1626,8 @@ def _went_on(ev: Evidence, text: str, from_log: set[int]) -> None:
     progress, fatal = went_on_after(text, m.line_no, m.rank)
     # the loop's own word, just after the OOM, that it caught it ("skipping batch", fairseq's "attempting to
     # recover from OOM"), and training progress after that
-    said = any(_RE_CAUGHT.search(ln) for ln in text.split("\n")[m.line_no : m.line_no + CAUGHT_LINES])
+    after = text.split("\n", m.line_no + CAUGHT_LINES)[m.line_no : m.line_no + CAUGHT_LINES]
+    said = any(_RE_CAUGHT.search(ln) for ln in after)
     if progress < (1 if said else PROGRESS_AFTER_OOM):
         return
     what = f"{progress} lines of training progress follow it" + (f", then `{fatal}`" if fatal else "")
@@ -2643,17 +2642,16 @@ def _without_failing_call(
     oom = ev.oom_entry
     if oom is None or (ev.device is not None and ev.device != tl.device):
         return st
-    failing: CallId | None = None
+    # under way at the OOM: the last allocation before it was made in that call (not a next batch copied in);
+    # an OOM recorded without its stack is taken to be in that call
+    last = call_of.get(tl.alloc_indices[-1]) if tl.alloc_indices else None
+    failing = last
     if oom.frames:
         key = model_call(ev.classifier, oom.frames)
         if key is None:
             return st
         failing = max((c for c in call_of.values() if c[0] == key), key=lambda c: c[1], default=None)
-    elif tl.alloc_indices:
-        # an OOM recorded without its stack: the call the last allocation before it was made in, if any
-        failing = call_of.get(tl.alloc_indices[-1])
-    # under way at the OOM: the last allocation before it was made in that call (not a next batch copied in)
-    if failing is None or not tl.alloc_indices or call_of.get(tl.alloc_indices[-1]) != failing:
+    if failing is None or last != failing:
         return st
     now = [i for i in st.alloc_indices if call_of.get(i) == failing]
     rest = [i for i in st.alloc_indices if call_of.get(i) != failing]

@@ -45,9 +45,10 @@ _CSV_TEXT = ("message", "log", "content", "line", "textpayload")
 
 def plain_text(text: str) -> str:
     """The lines the job printed, from a log pipeline's export; ``text`` itself when it is not one."""
-    if text[:4096].lstrip().startswith("==> "):
+    start = text[:4096].lstrip()
+    if start.startswith("==> "):
         return _file_sections(text)
-    head = text[:4096].lstrip()[:1]
+    head = start[:1]
     records: list[tuple[float | None, str]] | None = None
     if head in ("{", "["):
         records = _json_records(text)

@@ -1361,7 +1361,7 @@ def _reserved_alone(content: str) -> dict[str, int] | None:
             return None
         size = int(value)
     else:
-        size = parse_size(m.group(2), _SHORT_UNITS.get(unit.upper(), unit))
+        size = _short_size(m.group(2), unit)
     if size < MIN_SIZED_BYTES:
         return None
     return {"allocated_bytes": size, "peak_allocated_bytes": size, "peak_only": 1, "reserved": 1}
@@ -1538,7 +1538,7 @@ def _sample_line(out: list[dict[str, int]], lines: list[str], i: int, raw: str, 
     elif out and "epoch" in out[-1]:
         sample["epoch"] = out[-1]["epoch"]
     sample["offset"] = offset
-    sizes = {m.group(1).lower(): int(m.group(2)) for m in _RE_SIZE_KEY.finditer(content)}
+    sizes = _printed_sizes(content)
     if sizes:
         sample["sizes"] = sizes  # type: ignore[assignment]  # the input's sizes printed beside it
     if step is not None:
@@ -1566,6 +1566,16 @@ def _sample_line(out: list[dict[str, int]], lines: list[str], i: int, raw: str, 
         step = out[-1]["step"] + 1 if out else 0  # unnumbered or repeated: in the order printed
     sample["step"] = step
     out.append(sample)
+
+
+def _short_size(value: str, unit: str) -> int:
+    """Bytes of ``value`` printed in ``unit``, where a bare "G" or "M" is GiB or MiB."""
+    return parse_size(value, _SHORT_UNITS.get(unit.upper(), unit))
+
+
+def _printed_sizes(content: str) -> dict[str, int]:
+    """The input sizes a line prints (``seq_len=4096 bs=8``), by key in lower case."""
+    return {m.group(1).lower(): int(m.group(2)) for m in _RE_SIZE_KEY.finditer(content)}
 
 
 def _sample_on(content: str) -> dict[str, int] | None:
@@ -1606,7 +1616,7 @@ def _sample_on(content: str) -> dict[str, int] | None:
         else:
             if unit == "GB" and m.group(1) in _DS_TIMER_KEYS:
                 unit = "GiB"  # DeepSpeed's timer divides by 1024**3 and prints GB
-            size = parse_size(m.group(3), _SHORT_UNITS.get(unit.upper(), unit))
+            size = _short_size(m.group(3), unit)
         if _RE_PEAK_WORD.search(m.group(1)) or _RE_PEAK_BEFORE.search(
             content, max(0, m.start() - 12), m.start()
         ):
@@ -1615,7 +1625,7 @@ def _sample_on(content: str) -> dict[str, int] | None:
             current = size
     if current is not None and peak is None and (m := _RE_BARE_PEAK.search(content)) is not None:
         # a bare "peak=12.0GiB" beside the allocated reading ("alloc_idle=3.12GiB peak=11.96GiB"): its peak
-        peak = parse_size(m.group(1), _SHORT_UNITS.get(m.group(2).upper(), m.group(2)))
+        peak = _short_size(m.group(1), m.group(2))
     if current is None and (m := _RE_INTL_ALLOCATED.search(content)) is not None:
         current = parse_size(m.group(1), _INTL_UNITS.get(m.group(2), m.group(2)))
         p = _RE_INTL_PEAK.search(content)
@@ -1652,23 +1662,23 @@ def _sample_on(content: str) -> dict[str, int] | None:
             return {"allocated_bytes": size, "peak_allocated_bytes": size, "peak_only": 1}
     if current is None and "after" in content and (aft := _RE_AFTER_PEAK.search(content)) is not None:
         # "peak_cuda=5.54GiB after=4.71GiB": the step's peak and what it left behind
-        top = parse_size(aft.group(1), _SHORT_UNITS.get(aft.group(2).upper(), aft.group(2)))
-        current = parse_size(aft.group(3), _SHORT_UNITS.get(aft.group(4).upper(), aft.group(4)))
+        top = _short_size(aft.group(1), aft.group(2))
+        current = _short_size(aft.group(3), aft.group(4))
         peak = max(peak or 0, top)
     if current is None and "cuda:" in content and (each := _RE_PER_DEVICE.findall(content)):
         # one reading per device on the line ("memory_allocated cuda:0 9.49G cuda:1 3.28G"): the fullest
         # device's, the one nearest its limit (DataParallel gathers on its first)
-        current = max(parse_size(v, _SHORT_UNITS.get(u.upper(), u)) for v, u in each)
+        current = max(_short_size(v, u) for v, u in each)
     if current is None and (m := _RE_ALLOC_PAIR.search(content)) is not None:
-        current = parse_size(m.group(1), _SHORT_UNITS.get(m.group(2).upper(), m.group(2)))
+        current = _short_size(m.group(1), m.group(2))
     if current is None and (m := _RE_SIZE_ALLOCATED.search(content)) is not None:
-        current = parse_size(m.group(1), _SHORT_UNITS.get(m.group(2).upper(), m.group(2)))
+        current = _short_size(m.group(1), m.group(2))
     if current is None and (m := _RE_GENERIC_MEM.search(content)) is not None:
         unit = m.group(4) or m.group(2)
         if unit is None or _RE_NOT_LIVE.search(content, max(0, m.start() - 12), m.start()):
             # a bare number, or the reservation's, the host's or the device's free memory
             return _reserved_alone(content)
-        size = parse_size(m.group(3), _SHORT_UNITS.get(unit.upper(), unit))
+        size = _short_size(m.group(3), unit)
         return {"allocated_bytes": size, "peak_allocated_bytes": size, "peak_only": 1}
     if current is None:
         return _reserved_alone(content)
@@ -1955,7 +1965,7 @@ def _size_printed_before(
         ln = _strip_line(lines[k])
         if rank is not None and ln.g is not None and ln.g != rank:
             continue
-        sizes = {m.group(1).lower(): int(m.group(2)) for m in _RE_SIZE_KEY.finditer(ln.content)}
+        sizes = _printed_sizes(ln.content)
         if latest is None:
             if not ln.content.strip():
                 continue
